@@ -1,0 +1,25 @@
+# Two entry points for a fresh clone: `make demo` and `make test`.
+# Each creates the virtual environment on first use (pinned, see requirements-dev.txt).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint
+
+demo: $(STAMP)
+	$(PY) -m tlckpt demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)

@@ -1,0 +1,62 @@
+"""Streaming, validating readers and writers compiled from the ``formats`` specs (numpy only).
+
+Errors are re-exported here and from :mod:`tlckpt`.
+"""
+
+from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
+from .atomic import atomic_output, is_temporary
+from .config import AdamConfig, AdamKind, MomentDtype
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    EntryError,
+    MalformedError,
+    SchemaMismatchError,
+    TrailingDataError,
+    TruncatedError,
+    UnsupportedFormatError,
+    UnsupportedVersionError,
+)
+from .float32_state import (
+    is_float32_state,
+    read_float32_state,
+    scan_float32_state,
+    validate_float32_state,
+    write_float32_state,
+)
+from .inspection import inspect, sniff_family
+from .schema import ParameterSchema
+from .state_bits import read_state_bits, write_state_bits
+
+__all__ = [
+    "AdamCheckpoint",
+    "AdamConfig",
+    "AdamEntry",
+    "AdamKind",
+    "CheckpointError",
+    "ConfigError",
+    "EntryError",
+    "MalformedError",
+    "MomentDtype",
+    "ParameterSchema",
+    "PayloadSink",
+    "SchemaMismatchError",
+    "TrailingDataError",
+    "TruncatedError",
+    "UnsupportedFormatError",
+    "UnsupportedVersionError",
+    "atomic_output",
+    "inspect",
+    "is_float32_state",
+    "is_temporary",
+    "read_adam",
+    "read_float32_state",
+    "read_state_bits",
+    "scan_adam",
+    "scan_float32_state",
+    "sniff_family",
+    "validate_float32_state",
+    "write_adam",
+    "write_float32_state",
+    "write_state_bits",
+]

@@ -1,0 +1,154 @@
+"""The one error hierarchy of the library, and the one place construct errors become it.
+
+Every rejection of a file, or of caller input that does not fit a file, is a
+:class:`CheckpointError` (a ``ValueError``). Binary-format errors carry the byte ``offset`` of
+the field, the field ``path`` in the spec, and the file vs expected values.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from construct import ConstructError
+
+from ..formats.primitives import InvalidField
+
+__all__ = [
+    "CheckpointError",
+    "UnsupportedFormatError",
+    "UnsupportedVersionError",
+    "TruncatedError",
+    "TrailingDataError",
+    "SchemaMismatchError",
+    "ConfigError",
+    "EntryError",
+    "MalformedError",
+    "error_for_category",
+    "from_construct",
+]
+
+
+class CheckpointError(ValueError):
+    """A file (or caller input meant for one) does not fit the format or the destination.
+
+    Attributes:
+        path: the file, where known.
+        offset: byte position of the offending field in binary files, else ``None``.
+        field: the field or slot, as a spec path (``schema.slots[2].dims[1]``).
+        actual: the value found in the file (or given by the caller).
+        expected: the value or rule that was expected.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike | None = None,
+        offset: int | None = None,
+        field: str | None = None,
+        actual: Any = None,
+        expected: Any = None,
+    ):
+        self.reason = message
+        self.path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+        self.offset = offset
+        self.field = field
+        self.actual = actual
+        self.expected = expected
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.path is not None:
+            where.append(str(self.path))
+        if self.offset is not None:
+            where.append(f"at byte {self.offset}")
+        if self.field:
+            where.append(f"field {self.field}")
+        prefix = (", ".join(where) + ": ") if where else ""
+        return prefix + self.reason
+
+    def with_path(self, path: str | os.PathLike | None) -> CheckpointError:
+        """Attach the file name once it is known (readers raise before they know it)."""
+        if path is not None and self.path is None:
+            self.path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else repr(path)
+            self.args = (self._render(),)
+        return self
+
+
+class UnsupportedFormatError(CheckpointError):
+    """Foreign file: wrong magic, or a wrong/missing JSON format tag."""
+
+
+class UnsupportedVersionError(CheckpointError):
+    """Known family, unknown version (a newer or older writer)."""
+
+
+class TruncatedError(CheckpointError):
+    """The file ends before a field or payload it announces."""
+
+
+class TrailingDataError(CheckpointError):
+    """Bytes after the last expected record."""
+
+
+class SchemaMismatchError(CheckpointError):
+    """Slot/tensor count, rank, dims, element count, trainability or alias map differ."""
+
+
+class ConfigError(CheckpointError):
+    """Hyperparameters invalid or different; kind/dtype/counter tag invalid; dtype mismatch."""
+
+
+class EntryError(CheckpointError):
+    """A moment entry is wrong: count, id, duplicate, step, element count."""
+
+
+class MalformedError(CheckpointError):
+    """Not JSON, wrong JSON types, words out of range."""
+
+
+_BY_CATEGORY: dict[str, type[CheckpointError]] = {
+    "family": UnsupportedFormatError,
+    "version": UnsupportedVersionError,
+    "truncated": TruncatedError,
+    "trailing": TrailingDataError,
+    "schema": SchemaMismatchError,
+    "config": ConfigError,
+    "dtype": ConfigError,
+    "counter": ConfigError,
+    "entry": EntryError,
+    "malformed": MalformedError,
+    "json": MalformedError,
+    "value": MalformedError,
+}
+
+
+def error_for_category(category: str) -> type[CheckpointError]:
+    """The error class for a spec check's category (see ``formats.primitives.CATEGORIES``)."""
+    return _BY_CATEGORY.get(category, CheckpointError)
+
+
+def from_construct(
+    exc: ConstructError, *, offset: int | None, field: str, writing: bool = False
+) -> CheckpointError:
+    """Convert a construct error raised while parsing or building ``field``.
+
+    This is the only place where construct's exceptions turn into ours.
+    """
+    if isinstance(exc, InvalidField):
+        cls = error_for_category(exc.category)
+        return cls(
+            f"invalid {field}: expected {exc.expected}, file has {exc.actual!r}"
+            if not writing
+            else f"cannot write {field}: expected {exc.expected}, got {exc.actual!r}",
+            offset=offset,
+            field=field,
+            actual=exc.actual,
+            expected=exc.expected,
+        )
+    text = str(exc).strip() or type(exc).__name__
+    if writing:
+        return CheckpointError(f"cannot write {field}: {text}", offset=offset, field=field)
+    return MalformedError(f"cannot parse {field}: {text}", offset=offset, field=field)

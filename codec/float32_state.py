@@ -1,0 +1,196 @@
+"""Streamed float32 model state (``TLSF32B``), read and written through the specs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from construct import Container
+
+from ..formats import registry
+from ..formats.framing import FLOAT32_STATE_MAGIC
+from ..formats.primitives import product
+from .adam import PayloadSink
+from .atomic import output
+from .errors import CheckpointError, SchemaMismatchError, UnsupportedFormatError
+from .framed import check_trailing, read_framing
+from .schema_check import check_shape_field
+from .source import PathOrFile, open_source
+from .walker import Path, Visitor, parse
+from .walker import build as build_spec
+
+__all__ = [
+    "write_float32_state",
+    "read_float32_state",
+    "validate_float32_state",
+    "scan_float32_state",
+    "is_float32_state",
+]
+
+_F32 = np.dtype("<f4")
+
+
+class _StateReader(Visitor):
+    def __init__(
+        self, shapes: Sequence[tuple[int, ...]] | None, sink: PayloadSink | None, skip: bool
+    ):
+        self.shapes = shapes
+        self.sink = sink
+        self.skip = skip
+        self.values: list[Any] = []
+        self.found: list[tuple[int, ...]] = []
+        self.templates: dict[tuple[int, ...], dict[str, Any]] = {}
+
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        if path == ("tensor_count",):
+            if self.shapes is not None and value != len(self.shapes):
+                raise SchemaMismatchError(
+                    f"tensor count {value} in the file, {len(self.shapes)} expected",
+                    offset=offset,
+                    field="tensor_count",
+                    actual=value,
+                    expected=len(self.shapes),
+                )
+        elif len(path) == 3:
+            if self.shapes is not None:
+                index = path[1]
+                check_shape_field(path[2], value, self.shapes[index], offset, "tensor", path)
+        elif len(path) == 2:
+            self.found.append(tuple(value.dims))
+
+    def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
+        if self.shapes is None or index >= len(self.shapes):
+            return None
+        shape = self.shapes[index]
+        known = self.templates.get(shape)
+        if known is None:
+            known = {"rank": len(shape), "dims": shape, "element_count": product(shape)}
+            self.templates[shape] = known
+        return known
+
+    def payload_buffer(self, path: Path, count: int, dtype: np.dtype, ctx: Container) -> Any:
+        if self.skip:
+            return None
+        if self.sink is not None:
+            buffer = self.sink.buffer(path[1], "payload", count, dtype)
+            if buffer is None:  # the sink skips this tensor: keep the list aligned
+                self.values.append(None)
+            return buffer
+        try:
+            return np.empty(tuple(ctx.dims), dtype=dtype)
+        except ValueError as exc:  # e.g. (2**63, 0): a shape numpy cannot describe
+            raise SchemaMismatchError(
+                f"tensor {path[1]}: shape {tuple(ctx.dims)} cannot be held in memory: {exc}",
+                field=f"tensors[{path[1]}]",
+            ) from None
+
+    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
+        value = self.sink.done(path[1], "payload", buffer) if self.sink is not None else buffer
+        self.values.append(value)
+        return None  # kept in self.values; the walker need not hold it
+
+
+def _read(
+    path: PathOrFile, shapes: Sequence[Sequence[int]] | None, sink: Any, skip: bool
+) -> _StateReader:
+    expected = None if shapes is None else [tuple(map(int, s)) for s in shapes]
+    reader = _StateReader(expected, sink, skip)
+    with open_source(path) as src:
+        spec = read_framing(src, expect=FLOAT32_STATE_MAGIC)
+        parse(src, spec.struct, reader)
+        check_trailing(src)
+    return reader
+
+
+def read_float32_state(
+    path: PathOrFile, shapes: Sequence[Sequence[int]], *, sink: PayloadSink | None = None
+) -> list[Any]:
+    """Read a ``TLSF32B`` file whose tensors must have exactly ``shapes``.
+
+    Args:
+        path: file path, or a seekable binary file object (read from its position).
+        shapes: the destination's tensor shapes, in state order.
+        sink: where payloads go (default: a fresh float32 array of each shape).
+
+    Returns:
+        One array per tensor (or what ``sink.done`` returned), in file order.
+
+    Raises:
+        CheckpointError: a subclass naming the tensor, offset and file vs expected values.
+        OSError: from the file system.
+    """
+    return _read(path, shapes, sink, skip=False).values
+
+
+def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) -> None:
+    """Check a whole ``TLSF32B`` file against ``shapes`` without copying any payload.
+
+    The first pass of a two-pass load: every header, size and the end of the file are
+    checked; payload bytes are skipped with a seek.
+    """
+    _read(path, shapes, None, skip=True)
+
+
+def scan_float32_state(path: PathOrFile) -> list[tuple[int, ...]]:
+    """The tensor shapes of a well-formed ``TLSF32B`` file (payloads skipped)."""
+    return _read(path, None, None, skip=True).found
+
+
+def is_float32_state(path: PathOrFile) -> bool:
+    """Whether the file starts with the ``TLSF32B`` magic (any version)."""
+    with open_source(path) as src:
+        head = src.file.read(len(FLOAT32_STATE_MAGIC))
+        src.file.seek(src.start)
+    return head == FLOAT32_STATE_MAGIC
+
+
+def _check_array(i: int, array: Any) -> None:
+    if not isinstance(array, np.ndarray) or array.dtype != _F32:
+        got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
+        raise CheckpointError(
+            f"tensor {i} must be a little-endian float32 array, got {got}",
+            field=f"tensors[{i}]",
+        )
+
+
+def _records(arrays: Iterable[Any]):
+    for i, array in enumerate(arrays):
+        _check_array(i, array)
+        shape = array.shape
+        yield {
+            "rank": len(shape),
+            "dims": list(shape),
+            "element_count": product(shape),
+            "payload": array.reshape(-1) if array.flags.c_contiguous else array.ravel(),
+        }
+
+
+def write_float32_state(
+    path: PathOrFile, arrays: Iterable[np.ndarray], *, count: int | None = None
+) -> None:
+    """Write float32 arrays as a ``TLSF32B`` v1 file, one tensor at a time, atomically.
+
+    Args:
+        path: destination path (written atomically), or a binary file object.
+        arrays: float32 numpy arrays in state order. A sequence, or any iterable with
+            ``count`` given: each array is written before the next is requested, so a
+            generator can reuse one host buffer for device tensors.
+        count: the number of arrays, required when ``arrays`` has no ``len``.
+
+    Raises:
+        CheckpointError: an array is not float32, or the iterable's length differs from
+            ``count``; the previous file at ``path`` is untouched.
+        OSError: from the file system.
+    """
+    if count is None:
+        if not hasattr(arrays, "__len__"):
+            raise TypeError("pass count= when arrays is not a sequence")
+        count = len(arrays)  # type: ignore[arg-type]
+        for i, array in enumerate(arrays):  # in memory already: check before the first byte
+            _check_array(i, array)
+    spec = registry.lookup(FLOAT32_STATE_MAGIC, 1)
+    if spec is None:  # pragma: no cover - registered at import
+        raise UnsupportedFormatError("TLSF32B v1 is not registered")
+    with output(path) as f:
+        build_spec(f, spec.struct, {"tensor_count": count, "tensors": _records(arrays)})

@@ -1,0 +1,79 @@
+"""Framing of the binary families: pick the version's spec, and the trailing-data rule."""
+
+from __future__ import annotations
+
+import struct
+
+from ..formats import registry
+from ..formats.framing import MAGIC_SIZE
+from .errors import TrailingDataError, UnsupportedFormatError, UnsupportedVersionError
+from .source import Source
+
+__all__ = ["read_framing", "check_trailing", "family_name"]
+
+
+def family_name(magic: bytes) -> str:
+    return magic.decode("ascii", "replace")
+
+
+def read_framing(src: Source, expect: bytes | None) -> registry.FileSpec:
+    """Read magic and version, return the registered spec, and rewind to the start.
+
+    Args:
+        src: the file, positioned at the checkpoint's first byte.
+        expect: the family's magic, or ``None`` to accept any registered family.
+
+    Raises:
+        UnsupportedFormatError: a foreign magic (another family, or not a checkpoint).
+        UnsupportedVersionError: a known family with a version nobody registered.
+        TruncatedError: the file ends inside the framing.
+    """
+    start = src.pos
+    known = [expect] if expect is not None else list(registry.FAMILIES)
+    head = src.read(min(MAGIC_SIZE, src.remaining), "magic")
+    if len(head) < MAGIC_SIZE:
+        if any(m.startswith(head) for m in known):
+            src.need(MAGIC_SIZE - len(head), "magic")  # raises: ends inside a known magic
+        raise UnsupportedFormatError(
+            f"unsupported checkpoint family: {len(head)}-byte file {head!r}",
+            offset=start,
+            field="magic",
+            actual=head,
+        )
+    if head not in known:
+        names = " or ".join(family_name(m) for m in known)
+        raise UnsupportedFormatError(
+            f"unsupported checkpoint family: magic {head!r}, expected {names}",
+            offset=start,
+            field="magic",
+            actual=head,
+            expected=names,
+        )
+    (version,) = struct.unpack("<Q", src.read(8, "version"))
+    spec = registry.lookup(head, version)
+    if spec is None:
+        versions = registry.known_versions(head)
+        listed = ", ".join(map(str, versions[:-1])) + (" or " if len(versions) > 1 else "")
+        listed += str(versions[-1]) if versions else "none"
+        raise UnsupportedVersionError(
+            f"unsupported format version {version} of {family_name(head)}; expected {listed}",
+            offset=start + MAGIC_SIZE,
+            field="version",
+            actual=version,
+            expected=versions,
+        )
+    src.seek(start)
+    return spec
+
+
+def check_trailing(src: Source) -> None:
+    """Raise :class:`TrailingDataError` if any byte follows the last expected record."""
+    if src.remaining:
+        raise TrailingDataError(
+            f"{src.remaining} trailing byte(s) after the last record",
+            offset=src.pos,
+            field="end of file",
+            actual=src.remaining,
+            expected=0,
+        )
+

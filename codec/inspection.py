@@ -1,0 +1,133 @@
+"""``inspect``: describe any checkpoint file without being told what to expect."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..formats import registry
+from .adam import scan_adam
+from .config import float_bits
+from .errors import UnsupportedFormatError
+from .float32_state import scan_float32_state
+from .source import PathOrFile, open_source
+
+__all__ = ["inspect", "sniff_family"]
+
+
+def sniff_family(path: PathOrFile) -> str:
+    """``"adam"``, ``"float32_state"`` or ``"state_bits"`` from the first bytes.
+
+    Raises:
+        UnsupportedFormatError: neither a known magic nor a JSON object.
+    """
+    with open_source(path) as src:
+        head = src.file.read(64)
+        src.file.seek(src.start)
+        for magic, family in registry.FAMILIES.items():
+            if head.startswith(magic):
+                return family
+            if head and len(head) < len(magic) and magic.startswith(head):
+                src.need(len(magic), "magic")  # ends inside a known magic: truncated
+        if head.lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"{"):
+            return "state_bits"
+        raise UnsupportedFormatError(
+            f"not a TorchLean checkpoint: starts with {head[:8]!r}",
+            offset=src.start,
+            field="magic",
+            actual=head[:8],
+        )
+
+
+def _size(path: PathOrFile) -> int | None:
+    if isinstance(path, (str, os.PathLike)):
+        return os.path.getsize(path)
+    return None
+
+
+def _float(x: float) -> dict[str, Any]:
+    return {"value": x, "bits": f"0x{float_bits(x):016x}"}
+
+
+def inspect(path: PathOrFile) -> dict[str, Any]:
+    """Describe a checkpoint: family, version, config, schema or tensors, counter, sizes.
+
+    The whole file is checked against its own stored layout on the way (payloads are
+    skipped, not read), so a description is only returned for a well-formed file.
+
+    Args:
+        path: any file of the six formats (path or seekable binary file object).
+
+    Returns:
+        A JSON-serialisable dict. Keys depend on the family; always ``family`` and ``bytes``.
+
+    Raises:
+        CheckpointError: the file is not well-formed (the subclass says how).
+        OSError: from the file system.
+    """
+    family = sniff_family(path)
+    if family == "adam":
+        ckpt = scan_adam(path)
+        schema = ckpt.schema
+        itemsize = ckpt.config.dtype.numpy.itemsize
+        slots = []
+        for i, shape in enumerate(schema.shapes):
+            slots.append(
+                {
+                    "slot": i,
+                    "shape": list(shape),
+                    "elements": schema.element_count(i),
+                    "trainable": schema.requires_grad[i],
+                    "representative": schema.representative(i),
+                }
+            )
+        entries = [
+            {
+                "id": i,
+                "step": e.step,
+                "elements": schema.element_count(i),
+                "bytes": 2 * itemsize * schema.element_count(i),
+            }
+            for i, e in sorted(ckpt.entries.items())
+        ]
+        cfg = ckpt.config
+        return {
+            "family": "adam",
+            "magic": "TLADAMF",
+            "version": ckpt.version,
+            "kind": cfg.kind.name.lower(),
+            "moment_dtype": cfg.dtype.value,
+            "config": {
+                "beta1": _float(cfg.beta1),
+                "beta2": _float(cfg.beta2),
+                "epsilon": _float(cfg.epsilon),
+                "weight_decay": _float(cfg.weight_decay),
+            },
+            "random_counter": ckpt.random_counter,
+            "has_aliases": schema.has_aliases,
+            "slots": slots,
+            "entries": entries,
+            **({"fields": ckpt.fields} if ckpt.fields else {}),
+            "bytes": _size(path),
+        }
+    if family == "float32_state":
+        shapes = scan_float32_state(path)
+        return {
+            "family": "float32_state",
+            "magic": "TLSF32B",
+            "version": 1,
+            "tensors": [
+                {"shape": list(s), "elements": _count(s), "bytes": 4 * _count(s)} for s in shapes
+            ],
+            "bytes": _size(path),
+        }
+    from .state_bits import inspect_state_bits
+
+    return inspect_state_bits(path)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,271 @@
+"""Compiling a spec into a plan: the fast path derived from the declarative structs.
+
+Each ``Struct`` becomes a tuple of steps, made once per spec and cached. Consecutive
+fixed-size scalar fields (``FormatField``, ``Bytes(n)``, and ``Const`` / ``Valid`` wrapped
+around them) are merged into one precompiled ``struct.Struct`` *run*, so a record header is
+decoded with one ``unpack`` instead of one construct call per field. The checks that
+``Const`` and ``Valid`` carry are kept, in order, and run on the unpacked values; when any
+fails, the walker re-parses the run with construct's interpreted parser, which produces the
+precise error. Nothing here restates a layout: every format string is read off the spec.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from construct import (
+    Array,
+    Bytes,
+    Const,
+    Construct,
+    FormatField,
+    IfThenElse,
+    Renamed,
+    SizeofError,
+    Struct,
+)
+
+from ..formats.primitives import Payload, Valid
+
+__all__ = [
+    "Run",
+    "U64Array",
+    "Records",
+    "PayloadStep",
+    "Branch",
+    "Nested",
+    "Leaf",
+    "compile_struct",
+    "header_format",
+    "unwrap",
+    "min_size",
+    "has_payload",
+    "fixed_size",
+]
+
+
+def unwrap(sc: Construct) -> Construct:
+    """Strip ``Renamed`` (names and ``*`` docs) wrappers."""
+    while isinstance(sc, Renamed):
+        sc = sc.subcon
+    return sc
+
+
+def fixed_size(sc: Construct) -> int | None:
+    """Static byte size, or ``None`` if it depends on the data."""
+    try:
+        return sc.sizeof()
+    except (SizeofError, KeyError, AttributeError, TypeError):
+        return None
+
+
+def min_size(sc: Construct) -> int:
+    """Fewest bytes ``sc`` can occupy (arrays and payloads count as empty)."""
+    sc = unwrap(sc)
+    if isinstance(sc, Struct):
+        return sum(min_size(s) for s in sc.subcons)
+    if isinstance(sc, (Array, Payload)):
+        return 0
+    if isinstance(sc, IfThenElse):
+        return min(min_size(sc.thensubcon), min_size(sc.elsesubcon))
+    return fixed_size(sc) or 0
+
+
+def has_payload(sc: Construct) -> bool:
+    """Whether ``sc`` contains a payload (records of such arrays are streamed, not kept)."""
+    sc = unwrap(sc)
+    if isinstance(sc, Payload):
+        return True
+    if isinstance(sc, Struct):
+        return any(has_payload(s) for s in sc.subcons)
+    if isinstance(sc, Array):
+        return has_payload(sc.subcon)
+    if isinstance(sc, IfThenElse):
+        return has_payload(sc.thensubcon) or has_payload(sc.elsesubcon)
+    return False
+
+
+# A check on an unpacked value: ("const", expected) or ("valid", Valid construct).
+Check = tuple[str, Any]
+
+
+def _scalar(sc: Construct) -> tuple[str, str, list[Check]] | None:
+    """(byte order, struct code, checks inner-first) for a fixed scalar field, else None."""
+    sc = unwrap(sc)
+    if type(sc) is FormatField and sc.fmtstr[0] in "<>" and len(sc.fmtstr) == 2:
+        return sc.fmtstr[0], sc.fmtstr[1], []
+    if type(sc) is Bytes and isinstance(sc.length, int):
+        return "", f"{sc.length}s", []
+    if type(sc) is Const:
+        inner = _scalar(sc.subcon)
+        return None if inner is None else (inner[0], inner[1], [*inner[2], ("const", sc.value)])
+    if type(sc) is Valid:
+        inner = _scalar(sc.subcon)
+        return None if inner is None else (inner[0], inner[1], [*inner[2], ("valid", sc)])
+    return None
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive fixed scalar fields decoded by one precompiled ``struct.Struct``."""
+
+    names: tuple[str | None, ...]
+    codec: struct.Struct
+    checks: tuple[tuple[Check, ...], ...]
+    sizes: tuple[int, ...]
+    subcons: tuple[Construct, ...]  # for the interpreted re-diagnosis
+
+
+@dataclass(frozen=True)
+class U64Array:
+    """An array of fixed-size numbers (dims, tags): one ``unpack`` of count items."""
+
+    name: str | None
+    count: Any
+    order: str
+    code: str
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class Records:
+    """An array of sub-structs, visited one record at a time."""
+
+    name: str | None
+    count: Any
+    item: Any  # compiled plan of the item
+    min_size: int
+    streamed: bool  # holds payloads: records are not kept
+    prefix: int  # steps of a Nested item before its first payload (the record's header)
+
+
+@dataclass(frozen=True)
+class PayloadStep:
+    name: str | None
+    payload: Payload
+
+
+@dataclass(frozen=True)
+class Branch:
+    name: str | None
+    cond: Callable[[Any], Any] | bool
+    then: Any
+    otherwise: Any
+
+
+@dataclass(frozen=True)
+class Nested:
+    """A sub-struct field."""
+
+    name: str | None
+    struct: Struct
+    steps: tuple
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Anything else: decoded by construct itself."""
+
+    name: str | None
+    subcon: Construct
+    size: int | None
+
+
+_CACHE: dict[int, tuple[Struct, tuple]] = {}
+
+
+def compile_struct(st: Struct) -> tuple:
+    """The cached plan of ``st``: a tuple of steps in field order."""
+    hit = _CACHE.get(id(st))
+    if hit is not None and hit[0] is st:
+        return hit[1]
+    steps: list[Any] = []
+    pending: list[tuple[str | None, tuple[str, str, list[Check]], Construct]] = []
+
+    def flush() -> None:
+        if pending:
+            order = pending[0][1][0] or "<"
+            fmt = order + "".join(p[1][1] for p in pending)
+            steps.append(
+                Run(
+                    tuple(p[0] for p in pending),
+                    struct.Struct(fmt),
+                    tuple(tuple(p[1][2]) for p in pending),
+                    tuple(struct.calcsize("<" + p[1][1]) for p in pending),
+                    tuple(unwrap(p[2]) for p in pending),
+                )
+            )
+            pending.clear()
+
+    for sc in st.subcons:
+        name = sc.name
+        scalar = _scalar(sc)
+        if scalar is not None:
+            order = scalar[0]
+            if pending and order and (pending[0][1][0] or order) != order:
+                flush()
+            pending.append((name, scalar, sc))
+            continue
+        flush()
+        steps.append(_compile_field(name, sc))
+    flush()
+    plan = tuple(steps)
+    _CACHE[id(st)] = (st, plan)
+    return plan
+
+
+def _compile_field(name: str | None, sc: Construct) -> Any:
+    inner = unwrap(sc)
+    if isinstance(inner, Struct):
+        return Nested(name, inner, compile_struct(inner))
+    if isinstance(inner, Array):
+        item = unwrap(inner.subcon)
+        if type(item) is FormatField and item.fmtstr[0] in "<>" and len(item.fmtstr) == 2:
+            return U64Array(
+                name, inner.count, item.fmtstr[0], item.fmtstr[1], struct.calcsize(item.fmtstr)
+            )
+        compiled = _compile_field(None, item)
+        prefix = 0
+        if isinstance(compiled, Nested):
+            for step in compiled.steps:
+                if not isinstance(step, (Run, U64Array)):
+                    break
+                prefix += 1
+        return Records(name, inner.count, compiled, min_size(item), has_payload(item), prefix)
+    if isinstance(inner, Payload):
+        return PayloadStep(name, inner)
+    if isinstance(inner, IfThenElse):
+        return Branch(
+            name,
+            inner.condfunc,
+            _compile_field(name, inner.thensubcon),
+            _compile_field(name, inner.elsesubcon),
+        )
+    return Leaf(name, inner, fixed_size(inner))
+
+
+def header_format(steps: tuple, values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """Struct format and flat values of a record header (the leading run/array steps) with
+    the given field ``values``: lets a reader that knows what a header must be compare
+    bytes instead of decoding fields. Raises ``KeyError``/``TypeError`` if values are missing.
+    """
+    fmt = ["<"]
+    flat: list[Any] = []
+    for step in steps:
+        if isinstance(step, Run):
+            fmt.append(step.codec.format[1:])
+            for name, checks in zip(step.names, step.checks):
+                if name is None:
+                    flat.append(next(arg for kind, arg in checks if kind == "const"))
+                else:
+                    flat.append(values[name])
+        elif isinstance(step, U64Array):
+            items = list(values[step.name])
+            fmt.append(f"{len(items)}{step.code}")
+            flat.extend(items)
+        else:
+            break
+    return "".join(fmt), flat

@@ -1,0 +1,34 @@
+"""§1 of FORMAT.md: the framing every binary family starts with.
+
+``magic`` (7 ASCII bytes naming the family) then ``version`` (u64). The codec parses
+:data:`FRAMING` first to pick the version's spec from the registry; each version spec then
+repeats the two fields as constants so that it describes its whole file on its own.
+"""
+
+from __future__ import annotations
+
+from construct import Bytes, Const, Struct
+
+from .primitives import U64
+
+__all__ = ["MAGIC_SIZE", "FRAMING", "ADAM_MAGIC", "FLOAT32_STATE_MAGIC", "framed"]
+
+MAGIC_SIZE = 7
+ADAM_MAGIC = b"TLADAMF"
+FLOAT32_STATE_MAGIC = b"TLSF32B"
+
+#: What the codec reads before it knows the version.
+FRAMING = Struct(
+    "magic" / Bytes(MAGIC_SIZE) * "ASCII family tag",
+    "version" / U64 * "format version within the family",
+)
+
+
+def framed(magic: bytes, version: int) -> list:
+    """The two leading fields of a version spec, fixed to ``magic`` and ``version``."""
+    if len(magic) != MAGIC_SIZE:
+        raise ValueError(f"magic must be {MAGIC_SIZE} bytes, got {magic!r}")
+    return [
+        "magic" / Const(magic) * "ASCII family tag",
+        "version" / Const(version, U64) * "format version within the family",
+    ]
