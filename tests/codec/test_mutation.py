@@ -1,0 +1,523 @@
+"""Mutation tests: damaged and hostile files are rejected with the right class, fast, small.
+
+Real files (the conformance vectors and files the codec writes) are cut at every byte,
+extended, flipped byte by byte, spliced at random and have every u64 field replaced by edge
+values. Reading untrusted bytes may only succeed or raise a :class:`CheckpointError` whose
+``offset`` lies within the file. Headers announcing 2^62 of anything in a 1 KiB file are
+rejected at once, without a large allocation.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tlckpt.codec import (
+    AdamConfig,
+    AdamEntry,
+    AdamKind,
+    CheckpointError,
+    EntryError,
+    MomentDtype,
+    ParameterSchema,
+    SchemaMismatchError,
+    TrailingDataError,
+    TruncatedError,
+    inspect,
+    read_adam,
+    read_float32_state,
+    write_adam,
+    write_float32_state,
+)
+from tlckpt.testing.strategies import byte_splices
+from tlckpt.testing.vectors import schema_from_manifest
+
+# The same folder as conftest.VECTORS_DIR (module-level samples need it at import time).
+VECTORS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+
+SPLICE_EXAMPLES = 300
+EDGE_U64 = (0, 1, 2**32, 2**63, 2**64 - 1)
+U64 = struct.Struct("<Q")
+
+
+def u64(x: int) -> bytes:
+    return U64.pack(x)
+
+
+# ------------------------------------------------------------------------------ samples
+
+
+class Sample:
+    """A valid file, the reader that checks it against its destination, and the writer that
+    turns what was read back into bytes (``None`` where the file's entry order differs from
+    the writer's increasing-id order, so the bytes need not match)."""
+
+    def __init__(
+        self,
+        name: str,
+        data: bytes,
+        read: Callable[[Any], Any],
+        rewrite: Callable[[Any], bytes | None],
+    ):
+        self.name = name
+        self.data = data
+        self.read = read
+        self.rewrite = rewrite
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _adam_reader(schema: ParameterSchema, dtype: MomentDtype) -> Callable[[Any], Any]:
+    return lambda src: read_adam(src, schema, dtype=dtype)
+
+
+def _f32_reader(shapes: list) -> Callable[[Any], Any]:
+    return lambda src: read_float32_state(src, shapes)
+
+
+def _adam_rewrite(schema: ParameterSchema) -> Callable[[Any], bytes | None]:
+    def rewrite(ckpt: Any) -> bytes | None:
+        if list(ckpt.entries) != sorted(ckpt.entries):  # kept in file order
+            return None
+        buffer = io.BytesIO()
+        args = (schema, ckpt.config, ckpt.entries, ckpt.random_counter)
+        write_adam(buffer, *args, version=ckpt.version)
+        return buffer.getvalue()
+
+    return rewrite
+
+
+def _f32_rewrite(arrays: list[np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    write_float32_state(buffer, arrays)
+    return buffer.getvalue()
+
+
+def _written_samples() -> Iterator[Sample]:
+    """Files the codec itself writes: every version, frozen/tied/scalar/zero-size slots."""
+    schema = ParameterSchema(
+        [(2, 3), (2, 3), (4,), (), (0, 5), (3,)],
+        [True, True, False, True, True, True],
+        [0, 0, None, 3, 4, 5],
+    )
+    plain = ParameterSchema([(3,), (), (2, 2)], [True, False, True])
+    rng = np.random.default_rng(7)
+    for dtype in MomentDtype:
+        config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, dtype)
+        for sch in (schema, plain):
+            entries = {
+                slot: AdamEntry(
+                    slot + 1,
+                    rng.standard_normal(sch.element_count(slot)).astype(dtype.numpy),
+                    rng.random(sch.element_count(slot)).astype(dtype.numpy),
+                )
+                for slot in sch.representative_slots
+            }
+            for counter in (None, 2**64 - 1):
+                buffer = io.BytesIO()
+                version = write_adam(buffer, sch, config, entries, counter)
+                name = f"written_v{version}_{dtype.value}_{len(sch)}slots_counter{counter}"
+                yield Sample(name, buffer.getvalue(), _adam_reader(sch, dtype), _adam_rewrite(sch))
+    arrays = [
+        rng.standard_normal((2, 3)).astype("<f4"),
+        np.array(3.5, "<f4"),
+        np.zeros((0, 4), "<f4"),
+        np.array([np.nan, -0.0, np.inf], "<f4"),
+    ]
+    buffer = io.BytesIO()
+    write_float32_state(buffer, arrays)
+    shapes = [a.shape for a in arrays]
+    yield Sample("written_tlsf32", buffer.getvalue(), _f32_reader(shapes), _f32_rewrite)
+
+
+def _vector_samples() -> Iterator[Sample]:
+    import json
+
+    manifest = json.loads((VECTORS_DIR / "manifest.json").read_text())
+    for e in manifest["adam"]:
+        schema = schema_from_manifest(e["schema"])
+        reader = _adam_reader(schema, MomentDtype(e["config"]["dtype"]))
+        data = (VECTORS_DIR / e["file"]).read_bytes()
+        yield Sample(e["file"], data, reader, _adam_rewrite(schema))
+    for e in manifest["float32_state"]:
+        data = (VECTORS_DIR / e["file"]).read_bytes()
+        yield Sample(e["file"], data, _f32_reader(e["shapes"]), _f32_rewrite)
+
+
+SAMPLES = [*_vector_samples(), *_written_samples()]
+SAMPLE_IDS = [s.name for s in SAMPLES]
+
+
+# ---------------------------------------------------------------- independent field walk
+
+
+def _fields(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
+    """(offset, name) of every 8-byte field, and the (offset, size) payload spans.
+
+    Written from FORMAT.md alone (not from the specs or the codec), for valid files.
+    """
+    fields: list[tuple[int, str]] = []
+    payloads: list[tuple[int, int]] = []
+    pos = 7
+
+    def take(name: str) -> int:
+        nonlocal pos
+        (value,) = U64.unpack_from(data, pos)
+        fields.append((pos, name))
+        pos += 8
+        return value
+
+    version = take("version")
+    if data[:7] == b"TLSF32B":
+        for t in range(take("tensor_count")):
+            rank = take(f"t{t}.rank")
+            for j in range(rank):
+                take(f"t{t}.dims[{j}]")
+            count = take(f"t{t}.element_count")
+            payloads.append((pos, 4 * count))
+            pos += 4 * count
+        return fields, payloads
+    itemsize = 4
+    if version == 5:
+        itemsize = 8 if take("dtype_tag") == 1 else 4
+    take("kind")
+    for name in ("beta1", "beta2", "epsilon", "weight_decay"):
+        take(name)
+    flag = take("counter_flag") if version == 5 else int(version == 4)
+    if flag:
+        take("random_counter")
+    slots = take("slot_count")
+    for s in range(slots):
+        for j in range(take(f"s{s}.rank")):
+            take(f"s{s}.dims[{j}]")
+        take(f"s{s}.element_count")
+        take(f"s{s}.requires_grad")
+    if version >= 3:
+        for s in range(slots):
+            take(f"representatives[{s}]")
+    for e in range(take("entry_count")):
+        take(f"e{e}.id")
+        take(f"e{e}.step")
+        count = take(f"e{e}.count")
+        payloads.append((pos, 2 * itemsize * count))
+        pos += 2 * itemsize * count
+    return fields, payloads
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_field_walk_covers_the_file(sample: Sample) -> None:
+    fields, payloads = _fields(sample.data)
+    covered = 7 + 8 * len(fields) + sum(size for _, size in payloads)
+    assert covered == len(sample.data)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _looks_like_json(data: bytes) -> bool:
+    # What ``inspect`` hands to the exact-bits JSON reader, whose errors have no byte offset.
+    return data.lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"{")
+
+
+def _attempt(read: Callable[[Any], Any], data: bytes) -> Any:
+    """Read ``data``: what was read, or the CheckpointError (offset checked). Any other
+    exception propagates and fails the test."""
+    try:
+        return read(io.BytesIO(data))
+    except CheckpointError as exc:
+        if exc.offset is None and read is inspect and _looks_like_json(data):
+            return exc
+        assert isinstance(exc.offset, int), f"no offset: {exc!r}"
+        assert 0 <= exc.offset <= len(data), f"offset {exc.offset} outside {len(data)}: {exc!r}"
+        return exc
+
+
+def _outcome(read: Callable[[Any], Any], data: bytes) -> CheckpointError | None:
+    """Read ``data``; return the CheckpointError (checked), or None on success."""
+    result = _attempt(read, data)
+    return result if isinstance(result, CheckpointError) else None
+
+
+def _both(sample: Sample, data: bytes) -> list[CheckpointError | None]:
+    return [_outcome(sample.read, data), _outcome(inspect, data)]
+
+
+# -------------------------------------------------------------------------- truncation
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_every_truncation_is_a_truncated_error(sample: Sample) -> None:
+    data = sample.data
+    for k in range(len(data)):
+        exc = _outcome(sample.read, data[:k])
+        assert type(exc) is TruncatedError, (k, exc)
+        assert exc.offset <= k
+        if k >= 7:  # past the magic inspect knows the family: same verdict
+            exc = _outcome(inspect, data[:k])
+            assert type(exc) is TruncatedError, (k, exc)
+
+
+@pytest.mark.parametrize("sample", SAMPLES[:1] + SAMPLES[-1:], ids=[SAMPLE_IDS[0], SAMPLE_IDS[-1]])
+def test_truncation_inside_the_framing_is_truncated_for_inspect(sample: Sample) -> None:
+    """A file that ends inside a known magic or the version is a truncated checkpoint, for
+    ``inspect`` as for the readers (FORMAT.md §1: reading hits end-of-file early)."""
+    for k in range(1, 7):
+        exc = _outcome(inspect, sample.data[:k])
+        assert type(exc) is TruncatedError, (k, exc)
+
+
+def test_truncated_real_files(tmp_path: Path) -> None:
+    """Through real files too (sizes come from fstat there, not from seeking)."""
+    sample = SAMPLES[0]
+    path = tmp_path / "cut.tladam"
+    for k in range(0, len(sample.data), 7):
+        path.write_bytes(sample.data[:k])
+        with pytest.raises(TruncatedError) as info:
+            sample.read(path)
+        assert info.value.path == str(path)
+        assert 0 <= info.value.offset <= k
+
+
+# ---------------------------------------------------------------------- trailing bytes
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+@pytest.mark.parametrize("extra", [b"\x00", b"\xff" * 8, b"TLADAMF", None], ids=str)
+def test_appended_bytes_are_trailing_data(sample: Sample, extra: bytes | None) -> None:
+    tail = sample.data if extra is None else extra  # None: the file twice
+    for exc in _both(sample, sample.data + tail):
+        assert type(exc) is TrailingDataError, exc
+        assert exc.offset == len(sample.data)
+
+
+# ------------------------------------------------------------------------- byte flips
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_every_single_byte_flip(sample: Sample) -> None:
+    """Each flip: a CheckpointError with an offset, or a read that is exactly the file (written
+    back, it gives the same bytes: nothing was silently ignored or normalised)."""
+    data = bytearray(sample.data)
+    for i in range(len(data)):
+        for mask in (0xFF, 0x01, 0x80):
+            data[i] ^= mask
+            mutated = bytes(data)
+            result = _attempt(sample.read, mutated)
+            if not isinstance(result, CheckpointError):
+                again = sample.rewrite(result)
+                assert again is None or again == mutated, f"byte {i} ^ {mask:#x}"
+            _outcome(inspect, mutated)
+            data[i] ^= mask
+
+
+@settings(
+    max_examples=SPLICE_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.data())
+def test_random_splices(data: st.DataObject) -> None:
+    sample = data.draw(st.sampled_from(SAMPLES), label="sample")
+    mutated = data.draw(byte_splices(sample.data), label="mutated")
+    _both(sample, mutated)
+
+
+# ------------------------------------------------------------------ u64 fields at edges
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=SAMPLE_IDS)
+def test_every_u64_field_at_edge_values(sample: Sample) -> None:
+    fields, _ = _fields(sample.data)
+    data = bytearray(sample.data)
+    for offset, name in fields:
+        original = bytes(data[offset : offset + 8])
+        for value in EDGE_U64:
+            data[offset : offset + 8] = u64(value)
+            try:
+                _both(sample, bytes(data))
+            except AssertionError as exc:
+                raise AssertionError(f"{name} at {offset} = {value}: {exc}") from None
+        data[offset : offset + 8] = original
+
+
+# ----------------------------------------------------------------------- hostile headers
+
+HUGE = 2**62
+KIB = 1024
+
+
+def _pad(data: bytes, size: int = KIB) -> bytes:
+    assert len(data) <= size
+    return data + b"\x00" * (size - len(data))
+
+
+_ADAMW = struct.pack("<4d", 0.9, 0.999, 1e-8, 0.01)
+
+
+def _adam_v2(*body: int) -> bytes:
+    return b"TLADAMF" + u64(2) + u64(1) + _ADAMW + b"".join(u64(x) for x in body)
+
+
+def _tlsf(*body: int) -> bytes:
+    return b"TLSF32B" + u64(1) + b"".join(u64(x) for x in body)
+
+
+_ONE_SLOT = ParameterSchema([(2,)], [True])
+_BIG_SLOT = ParameterSchema([(2**31, 2**31)], [True])
+
+#: name → (file, reader with a destination, class it raises, class inspect raises)
+HOSTILE: dict[str, tuple[bytes, Callable[[Any], Any], type, type]] = {
+    "slot_count": (
+        _pad(_adam_v2(HUGE)),
+        _adam_reader(_ONE_SLOT, MomentDtype.FLOAT32),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+    "slot_count_matching": (
+        _pad(_adam_v2(HUGE)),
+        _adam_reader(ParameterSchema([(1,)] * 3, [True] * 3), MomentDtype.FLOAT32),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+    "rank": (
+        _pad(_adam_v2(1, HUGE)),
+        _adam_reader(_ONE_SLOT, MomentDtype.FLOAT32),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+    "entry_count": (
+        _pad(_adam_v2(1, 1, 2, 2, 1, HUGE)),
+        _adam_reader(_ONE_SLOT, MomentDtype.FLOAT32),
+        EntryError,
+        EntryError,
+    ),
+    "entry_element_count": (
+        _pad(_adam_v2(1, 1, 2, 2, 1, 1, 0, 1, HUGE)),
+        _adam_reader(_ONE_SLOT, MomentDtype.FLOAT32),
+        EntryError,
+        EntryError,
+    ),
+    "element_count": (
+        _pad(_adam_v2(1, 2, 2**31, 2**31, HUGE, 1, 1, 0, 1, HUGE)),
+        _adam_reader(_BIG_SLOT, MomentDtype.FLOAT32),
+        TruncatedError,
+        TruncatedError,
+    ),
+    "tensor_count": (
+        _pad(_tlsf(HUGE)),
+        _f32_reader([(2,)]),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+    "tensor_rank": (
+        _pad(_tlsf(1, HUGE)),
+        _f32_reader([(2,)]),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+    "tensor_element_count": (
+        _pad(_tlsf(1, 2, 2**31, 2**31, HUGE)),
+        _f32_reader([(2**31, 2**31)]),
+        TruncatedError,
+        TruncatedError,
+    ),
+    "all_ones": (
+        b"TLSF32B" + u64(1) + b"\xff" * (KIB - 15),
+        _f32_reader([(2,)]),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+}
+
+
+def _measure(call: Callable[[], Any]) -> tuple[BaseException | None, float, int]:
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        call()
+        exc = None
+    except BaseException as e:  # inspected by the caller
+        exc = e
+    elapsed = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return exc, elapsed, peak
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_huge_counts_are_rejected_fast_and_small(name: str) -> None:
+    data, read, expected, inspected = HOSTILE[name]
+    for call, cls in ((read, expected), (inspect, inspected)):
+        exc, elapsed, peak = _measure(lambda call=call: call(io.BytesIO(data)))
+        assert type(exc) is cls, repr(exc)
+        assert isinstance(exc.offset, int) and 0 <= exc.offset <= len(data)
+        assert elapsed < 0.5, f"{elapsed:.2f} s"
+        assert peak < 2 * 2**20, f"{peak / 2**20:.1f} MiB"
+
+
+_LONG_RANK = 25_000
+
+
+@pytest.mark.parametrize("family", ["tlsf32", "adam"])
+def test_long_rank_of_huge_dims_is_rejected_fast(family: str) -> None:
+    """A rank of tens of thousands of dims of 2^64 - 1: the element-count check must not
+    multiply them all out (a bigint product is quadratic in the rank)."""
+    dims = [2**64 - 1] * _LONG_RANK
+    if family == "tlsf32":
+        data = _tlsf(1, _LONG_RANK, *dims, 0)
+    else:
+        data = _adam_v2(1, _LONG_RANK, *dims, 0, 1, 0)
+    start = time.perf_counter()  # no tracemalloc here: it would inflate the time
+    with pytest.raises(SchemaMismatchError):
+        inspect(io.BytesIO(data))
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.5, f"{elapsed:.2f} s for a {len(data) // 1024} KiB file"
+
+
+def test_one_mib_hostile_file_stays_small() -> None:
+    """A 1 MiB file of 0xFF after a valid framing: rejected, little memory beyond its size."""
+    data = b"TLADAMF" + u64(2) + u64(1) + _ADAMW + b"\xff" * (2**20 - 55)
+    for call in (_adam_reader(_ONE_SLOT, MomentDtype.FLOAT32), inspect):
+        exc, elapsed, peak = _measure(lambda call=call: call(io.BytesIO(data)))
+        assert isinstance(exc, CheckpointError), repr(exc)
+        assert elapsed < 0.5
+        assert peak < 4 * 2**20
+
+
+# ------------------------------------------------------------- random structured headers
+
+_WORDS = st.one_of(
+    st.sampled_from((*EDGE_U64, 2, 3, 4, 2**31, 2**62, 0x3FECCCCCCCCCCCCD)),
+    st.integers(0, 16),
+    st.integers(0, 2**64 - 1),
+)
+
+
+@settings(max_examples=SPLICE_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([(b"TLADAMF", v) for v in (2, 3, 4, 5)] + [(b"TLSF32B", 1)]),
+    st.lists(_WORDS, max_size=48),
+    st.binary(max_size=64),
+)
+def test_random_u64_headers(framing: tuple[bytes, int], words: list[int], tail: bytes) -> None:
+    """Any sequence of u64 words after a valid framing: a CheckpointError or a read."""
+    magic, version = framing
+    data = magic + u64(version) + b"".join(u64(w) for w in words) + tail
+    if magic == b"TLSF32B":
+        reader = _f32_reader([(2,), ()])
+    else:
+        schema = ParameterSchema([(2,), (2,), ()], [True, True, False], [0, 0, None])
+        reader = _adam_reader(schema, MomentDtype.FLOAT64 if version == 5 else MomentDtype.FLOAT32)
+    _outcome(reader, data)
+    _outcome(inspect, data)
