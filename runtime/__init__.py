@@ -1,0 +1,25 @@
+"""Binding TorchLean checkpoints to torch modules and Adam/AdamW optimizers (CPU and CUDA).
+
+* :func:`schema_of` — the parameter slots of a module and their tied-weight map.
+* :func:`save_module_state` / :func:`load_module_state` — float32 state as ``TLSF32B``.
+* :func:`save_state_bits` / :func:`load_state_bits` — any float dtype as exact-bits JSON.
+* :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF``.
+
+Loads are all or nothing: the file is read and checked completely before anything live
+changes.
+"""
+
+from .module_state import load_module_state, load_state_bits, save_module_state, save_state_bits
+from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer
+from .slots import schema_of
+
+__all__ = [
+    "schema_of",
+    "save_module_state",
+    "load_module_state",
+    "save_state_bits",
+    "load_state_bits",
+    "save_optimizer",
+    "load_optimizer",
+    "MissingRandomCounterWarning",
+]

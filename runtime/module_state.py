@@ -1,0 +1,357 @@
+"""Model state (parameters and persistent buffers) ↔ ``TLSF32B`` and exact-bits JSON.
+
+State is ``state_dict()`` order: parameters (tied ones once per place they are registered,
+frozen ones included) and persistent buffers, without names (FORMAT.md §4). The file's scalar
+type is the model's one floating dtype; an integer or bool tensor (BatchNorm's
+``num_batches_tracked``) travels in it only when the conversion is exact both ways.
+
+Loading never leaves a model half-changed by a bad file: the whole file is checked first,
+then every tensor is overwritten in place (device, dtype and storage stay, so tied
+parameters stay tied and optimizers keep pointing at the same tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+from torch.autograd.graph import increment_version
+
+from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError
+from ..codec.float32_state import (
+    read_float32_state,
+    validate_float32_state,
+    write_float32_state,
+)
+from ..codec.source import PathOrFile
+from ..codec.state_bits import read_state_bits, write_state_bits
+from .slots import view_key
+from .tensors import (
+    HostBuffer,
+    check_convertible,
+    encoding_of,
+    file_dtype_of,
+    from_file_dtype,
+    from_host,
+    to_file_dtype,
+    to_host,
+)
+
+__all__ = [
+    "state_tensors",
+    "save_module_state",
+    "load_module_state",
+    "save_state_bits",
+    "load_state_bits",
+]
+
+ModuleOrTensors = torch.nn.Module | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+#: Scalar type of exact-bits JSON state that has no floating tensor to decide it (a model of
+#: integer buffers only, or no state at all): binary64 holds every integer up to 2^53.
+DEFAULT_BITS_DTYPE = torch.float64
+
+
+def state_tensors(module_or_tensors: ModuleOrTensors) -> NamedTensors:
+    """The live state tensors with their names, in file order.
+
+    Args:
+        module_or_tensors: an ``nn.Module`` (its ``state_dict(keep_vars=True)``: parameters
+            and persistent buffers), a mapping of names to tensors, or a sequence of tensors.
+
+    Returns:
+        ``(name, tensor)`` pairs; the tensors are the live ones (not copies).
+
+    Raises:
+        CheckpointError: an entry of the state is not a tensor (for example ``_extra_state``).
+        TypeError: the argument is none of the accepted kinds.
+    """
+    if isinstance(module_or_tensors, torch.nn.Module):
+        items = list(module_or_tensors.state_dict(keep_vars=True).items())
+    elif isinstance(module_or_tensors, Mapping):
+        items = list(module_or_tensors.items())
+    elif isinstance(module_or_tensors, torch.Tensor):
+        raise TypeError("pass a module or a sequence of tensors, not a single tensor")
+    else:
+        items = [(f"state[{i}]", t) for i, t in enumerate(module_or_tensors)]
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(
+                f"state entry {name!r} is a {type(t).__name__}, not a tensor; the formats"
+                " hold tensors only",
+                field=str(name),
+            )
+    return [(str(name), t) for name, t in items]
+
+
+def _float32_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
+    """The state, checked to be storable as float32 (TLSF32B holds nothing else)."""
+    named = state_tensors(module_or_tensors)
+    dtype = file_dtype_of(named)
+    if dtype not in (None, torch.float32):
+        raise ConfigError(
+            f"TLSF32B holds float32 state only and this model is {dtype}; use"
+            " save_state_bits/load_state_bits for its exact bits",
+            actual=str(dtype),
+            expected="torch.float32",
+        )
+    return named
+
+
+@contextlib.contextmanager
+def _opened(path: PathOrFile) -> Iterator[tuple[BinaryIO, int]]:
+    """One open handle for every pass of a load, and where the checkpoint starts in it.
+
+    Re-opening the path between passes could read a different file (one renamed over it
+    meanwhile) in the second pass than was validated in the first.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        with open(path, "rb") as f:
+            yield f, 0
+    else:
+        yield path, path.tell()
+
+
+def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
+    t = to_file_dtype(t.detach(), torch.float32, name)
+    if t.device.type == "cpu":
+        return t.contiguous().numpy()  # a view of the live tensor unless it was strided
+    host = staging.tensor(t.numel(), torch.float32)
+    host.copy_(t.reshape(-1))
+    return host.numpy().reshape(t.shape)
+
+
+def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
+    """Write a float32 model's state as a ``TLSF32B`` file (atomically for a path).
+
+    Tensors are written one at a time; device tensors pass through one reusable (pinned)
+    host buffer, so no more than one tensor's payload is held beyond the model.
+
+    Args:
+        module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
+        path: destination path, or a binary file object written at its position.
+
+    Raises:
+        ConfigError: the model is not float32, mixes floating dtypes, or has an integer
+            tensor that float32 cannot hold exactly (the message names it). Checked before
+            the first byte is written.
+        OSError: from the file system.
+
+    Example:
+        >>> save_module_state(model, "model.tlsf32")           # doctest: +SKIP
+    """
+    named = _float32_state(module_or_tensors)
+    for name, t in named:
+        if t.dtype != torch.float32:
+            to_file_dtype(t, torch.float32, name)  # raises before anything is written
+    staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
+    arrays = (_host_float32(t, name, staging) for name, t in named)
+    write_float32_state(path, arrays, count=len(named))
+
+
+def _tied_copies(named: NamedTensors) -> dict[int, int]:
+    """State index → the earlier index holding the very same tensor view (tied weights are
+    in ``state_dict`` once per place they are registered)."""
+    first: dict[tuple, int] = {}
+    copies: dict[int, int] = {}
+    for i, (_, t) in enumerate(named):
+        if t.numel():
+            j = first.setdefault(view_key(t), i)
+            if j != i:
+                copies[i] = j
+    return copies
+
+
+def _tie_conflict(named: NamedTensors, i: int, j: int) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"tensor {i} ({named[i][0]!r}) is tied to tensor {j} ({named[j][0]!r}) but the file"
+        " holds different values for them",
+        field=f"tensors[{i}]",
+    )
+
+
+class _Precheck:
+    """Payload sink for the checking pass: what the structural validation cannot see.
+
+    Integer tensors' values must convert exactly, and the copies of a tied tensor must
+    agree (compared by digest, so one payload at a time is held). Other payloads are
+    skipped.
+    """
+
+    def __init__(self, named: NamedTensors, copies: dict[int, int], staging: HostBuffer):
+        self.named = named
+        self.copies = copies
+        self.originals = set(copies.values())
+        self.staging = staging
+        self.digests: dict[int, bytes] = {}
+
+    def needs(self, record: int) -> bool:
+        """Whether the checking pass has to read this tensor's payload at all."""
+        return (
+            self.named[record][1].dtype != torch.float32
+            or record in self.copies
+            or record in self.originals
+        )
+
+    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
+        return self.staging.array(count, dtype) if self.needs(record) else None
+
+    def done(self, record: int, field: str, buffer: Any) -> None:
+        name, t = self.named[record]
+        from_file_dtype(torch.from_numpy(buffer), t.dtype, name)
+        if record in self.originals or record in self.copies:
+            digest = hashlib.sha256(memoryview(buffer).cast("B")).digest()
+            if record in self.originals:
+                self.digests[record] = digest
+            elif self.digests[self.copies[record]] != digest:
+                raise _tie_conflict(self.named, record, self.copies[record])
+
+
+class _Installer:
+    """Payload sink that lands each payload in its live tensor.
+
+    A contiguous CPU float32 tensor is read into directly (no copy); anything else goes
+    through the one reusable host buffer and ``copy_``.
+    """
+
+    def __init__(self, named: NamedTensors, copies: dict[int, int], staging: HostBuffer):
+        self.named = named
+        self.copies = copies
+        self.staging = staging
+        self.direct = False
+
+    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
+        if record in self.copies:
+            return None  # its original was written already, and the check pass saw they agree
+        t = self.named[record][1]
+        self.direct = (
+            t.device.type == "cpu"
+            and t.dtype == torch.float32
+            and t.is_contiguous()
+            and not t.is_neg()  # a lazily negated view has no plain memory to read into
+        )
+        if self.direct:
+            return t.detach().view(-1).numpy()
+        return self.staging.array(count, dtype)
+
+    def done(self, record: int, field: str, buffer: Any) -> None:
+        name, t = self.named[record]
+        if self.direct:
+            # Written behind autograd's back: bump the version so a graph that saved this
+            # tensor notices, as it would after copy_.
+            if not t.is_inference():
+                increment_version(t)
+            return
+        values = from_file_dtype(torch.from_numpy(buffer).view(t.shape), t.dtype, name)
+        with torch.no_grad():
+            t.copy_(values)
+
+
+def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
+    """Load a ``TLSF32B`` file into a float32 model, in place, all or nothing.
+
+    Two passes over one open handle, as TorchLean does: the first checks the whole file
+    (tensor count, every shape, sizes, the end of file; that integer tensors' values
+    convert exactly and that the copies of a tied tensor agree) without touching the model;
+    the second copies tensor by tensor, straight into the tensor's memory when it is a
+    contiguous CPU float32 tensor, else through one reusable (pinned) host buffer.
+
+    Args:
+        module_or_tensors: the destination model or tensors (``state_dict`` order).
+        path: file path, or a seekable binary file object read from its position.
+
+    Raises:
+        CheckpointError: the file does not fit the model (a subclass naming the tensor,
+            offset and values), holds different values for tied copies, or the model is not
+            float32; the model is unchanged.
+        OSError: from the file system.
+
+    Example:
+        >>> load_module_state(model, "model.tlsf32")           # doctest: +SKIP
+    """
+    named = _float32_state(module_or_tensors)
+    for name, t in named:
+        check_convertible(t.dtype, torch.float32, name)
+    shapes = [tuple(t.shape) for _, t in named]
+    staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
+    copies = _tied_copies(named)
+    precheck = _Precheck(named, copies, staging)
+    with _opened(path) as (f, start):
+        validate_float32_state(f, shapes)
+        if any(precheck.needs(i) for i in range(len(named))):
+            f.seek(start)
+            read_float32_state(f, shapes, sink=precheck)
+        f.seek(start)
+        read_float32_state(f, shapes, sink=_Installer(named, copies, staging))
+
+
+def _bits_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, torch.dtype, str]:
+    named = state_tensors(module_or_tensors)
+    dtype = file_dtype_of(named) or DEFAULT_BITS_DTYPE
+    return named, dtype, encoding_of(dtype, "model state")
+
+
+def save_state_bits(
+    module_or_tensors: ModuleOrTensors, path: PathOrFile, *, pretty: bool = True
+) -> None:
+    """Write the model's state as exact-bits JSON in the model's own floating dtype.
+
+    Every word is kept, NaN payloads and subnormals included. The encoding follows the
+    dtype: float64, float32, float16, bfloat16, the float8 kinds, complex32/64/128 (a model
+    without floating tensors uses float64).
+
+    Args:
+        module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
+        path: destination path (written atomically) or a binary file object.
+        pretty: indented JSON (default) or compact.
+
+    Raises:
+        ConfigError: mixed floating dtypes, a dtype no format holds, or an integer tensor
+            whose values the file's type cannot hold exactly (the message names it).
+        OSError: from the file system.
+    """
+    named, dtype, encoding = _bits_state(module_or_tensors)
+    arrays = []
+    for name, t in named:
+        values = to_file_dtype(t.detach(), dtype, name).cpu().contiguous()
+        arrays.append(to_host(values))
+    write_state_bits(path, arrays, encoding, pretty=pretty)
+
+
+def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
+    """Load exact-bits JSON state into the model in place, all or nothing.
+
+    The expected format tag follows the model's floating dtype. The whole file is parsed and
+    checked, and every value converted for its destination, before any tensor is written.
+
+    Args:
+        module_or_tensors: the destination model or tensors.
+        path: file path or a binary file object.
+
+    Raises:
+        CheckpointError: the file does not fit (wrong tag, counts, shapes, words, or a value
+            that does not convert exactly into an integer tensor); the model is unchanged.
+        OSError: from the file system.
+    """
+    named, dtype, encoding = _bits_state(module_or_tensors)
+    for name, t in named:
+        check_convertible(t.dtype, dtype, name)
+    arrays = read_state_bits(path, [tuple(t.shape) for _, t in named], encoding)
+    copies = _tied_copies(named)
+    for i, j in copies.items():
+        if arrays[i].tobytes() != arrays[j].tobytes():
+            raise _tie_conflict(named, i, j)
+    sources = []
+    for (name, t), array in zip(named, arrays):
+        values = from_host(array, dtype).reshape(t.shape)
+        sources.append(from_file_dtype(values, t.dtype, name))
+    with torch.no_grad():
+        for i, ((_, t), values) in enumerate(zip(named, sources)):
+            if i not in copies:
+                t.copy_(values)
