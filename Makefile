@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint
+.PHONY: demo test lint docs
 
 demo: $(STAMP)
 	$(PY) -m tlckpt demo
@@ -17,6 +17,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+docs: $(STAMP)
+	$(PY) docs/gen_format_reference.py
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	python3 -m venv $(VENV)

@@ -2,20 +2,36 @@
 
 Layers: :mod:`tlckpt.formats` (declarative specs), :mod:`tlckpt.codec` (numpy readers and
 writers), :mod:`tlckpt.runtime` (torch modules and optimizers). The codec's names are
-re-exported here; the runtime's are too when torch is installed.
+re-exported here, and so are the runtime's: those import torch on first use only, so the
+codec and the command line's codec-level commands start without it.
 """
+
+from typing import Any
 
 from .codec import *  # noqa: F403
 from .codec import __all__ as _codec_all
 
 __version__ = "0.1.0"
 
-try:
-    from .runtime import *  # noqa: F403
-    from .runtime import __all__ as _runtime_all
-except ModuleNotFoundError as _exc:  # torch missing: the codec works without it
-    if not (_exc.name or "").startswith("torch"):
-        raise
-    _runtime_all = []
+#: The runtime's public names (``tlckpt.runtime.__all__``; a test keeps the two equal).
+RUNTIME_NAMES = (
+    "schema_of",
+    "save_module_state",
+    "load_module_state",
+    "save_state_bits",
+    "load_state_bits",
+    "save_optimizer",
+    "load_optimizer",
+    "MissingRandomCounterWarning",
+)
 
-__all__ = [*_codec_all, *_runtime_all]
+
+def __getattr__(name: str) -> Any:
+    if name in RUNTIME_NAMES:
+        from . import runtime  # imports torch
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'tlckpt' has no attribute {name!r}")
+
+
+__all__ = [*_codec_all, *RUNTIME_NAMES]

@@ -1,0 +1,7 @@
+"""``python -m tlckpt``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

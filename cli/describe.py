@@ -1,0 +1,164 @@
+"""Human-readable text for :func:`tlckpt.inspect` results (``tlckpt inspect``, the demo).
+
+One function, :func:`describe`, turns the dict ``inspect`` returns into an aligned report:
+family and version, the Adam config as decimal and exact binary64 bits, the parameter
+schema and moment entries as tables, or the tensors of a model-state file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["describe", "summarize", "format_shape", "table"]
+
+_FAMILY_TITLES = {
+    "adam": "Adam/AdamW optimizer state",
+    "float32_state": "streamed float32 model state",
+    "state_bits": "exact-bits JSON model state",
+}
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``(3, 4)``, ``(8,)`` or ``()`` — Python's tuple spelling, which readers know."""
+    return repr(tuple(shape))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
+    """A plain aligned table; numeric columns are right-aligned, the rest left-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    numeric = [
+        bool(rows) and all(isinstance(row[k], int) and not isinstance(row[k], bool) for row in rows)
+        for k in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return "\n".join([line(headers), *(line(row) for row in cells)])
+
+
+def _size(nbytes: int | None) -> str:
+    return "unknown" if nbytes is None else f"{nbytes:,} bytes"
+
+
+def _adam(info: dict[str, Any]) -> list[str]:
+    out = [
+        f"kind            {'AdamW' if info['kind'] == 'adamw' else 'Adam'}",
+        f"moment dtype    {info['moment_dtype']}",
+        "config",
+    ]
+    config_rows = [
+        (name, repr(value["value"]), value["bits"]) for name, value in info["config"].items()
+    ]
+    out.append(table(("field", "decimal", "binary64 bits"), config_rows))
+    counter = info["random_counter"]
+    out.append(f"random counter  {'absent' if counter is None else counter}")
+    for name, value in info.get("fields", {}).items():
+        out.append(f"{name:<15} {value}")
+    slots = info["slots"]
+    trainable = sum(1 for s in slots if s["trainable"])
+    out.append(
+        f"schema          {len(slots)} slot(s), {trainable} trainable, "
+        f"{len(info['entries'])} with moments, tied weights: "
+        f"{'yes' if info['has_aliases'] else 'no'}"
+    )
+    slot_rows = []
+    for s in slots:
+        rep = s["representative"]
+        if rep is None:
+            rep_text = "-"
+        elif rep == s["slot"]:
+            rep_text = str(rep)
+        else:
+            rep_text = f"{rep} (tied to slot {rep})"
+        slot_rows.append(
+            (
+                s["slot"],
+                format_shape(s["shape"]),
+                s["elements"],
+                "yes" if s["trainable"] else "no",
+                rep_text,
+            )
+        )
+    if slot_rows:
+        out.append(table(("slot", "shape", "elements", "trainable", "representative"), slot_rows))
+    out.append(f"entries         {len(info['entries'])} (m and v per entry)")
+    entry_rows = [(e["id"], e["step"], e["elements"], e["bytes"]) for e in info["entries"]]
+    if entry_rows:
+        out.append(table(("slot", "step", "elements", "bytes"), entry_rows))
+    return out
+
+
+def _tensors(info: dict[str, Any], with_bytes: bool) -> list[str]:
+    tensors = info["tensors"]
+    elements = sum(t["elements"] for t in tensors)
+    out = [f"tensors         {len(tensors)} ({elements:,} elements)"]
+    if tensors:
+        if with_bytes:
+            rows = [
+                (i, format_shape(t["shape"]), t["elements"], t["bytes"])
+                for i, t in enumerate(tensors)
+            ]
+            out.append(table(("#", "shape", "elements", "bytes"), rows))
+        else:
+            rows = [(i, format_shape(t["shape"]), t["elements"]) for i, t in enumerate(tensors)]
+            out.append(table(("#", "shape", "elements"), rows))
+    return out
+
+
+def describe(info: dict[str, Any], path: str | os.PathLike | None = None) -> str:
+    """Render an ``inspect`` dict as text.
+
+    Args:
+        info: what :func:`tlckpt.inspect` returned for a file.
+        path: the file's name, shown on the first line if given.
+
+    Returns:
+        Several lines of text, without a trailing newline.
+
+    Example:
+        >>> print(describe(inspect("model.tlsf32"), "model.tlsf32"))  # doctest: +SKIP
+        file            model.tlsf32
+        family          TLSF32B (streamed float32 model state), version 1
+        ...
+    """
+    family = info["family"]
+    lines = [] if path is None else [f"file            {os.fspath(path)}"]
+    title = _FAMILY_TITLES.get(family, family)
+    if family == "state_bits":
+        lines.append(f"family          {title}")
+        encoding = info.get("encoding") or "configured binary format"
+        lines.append(f"format          {info['format']} ({encoding})")
+    else:
+        lines.append(f"family          {info['magic']} ({title}), version {info['version']}")
+    lines.append(f"size            {_size(info.get('bytes'))}")
+    if family == "adam":
+        lines += _adam(info)
+    else:
+        lines += _tensors(info, with_bytes=family == "float32_state")
+    return "\n".join(lines)
+
+
+def summarize(info: dict[str, Any]) -> str:
+    """One line: family, version and counts (``TLADAMF v4, 8 slot(s), 5 moment entries``)."""
+    size = "" if info.get("bytes") is None else f", {info['bytes']:,} bytes"
+    if info["family"] == "adam":
+        n = len(info["entries"])
+        counter = info["random_counter"]
+        return (
+            f"TLADAMF v{info['version']} {info['kind']} {info['moment_dtype']},"
+            f" {len(info['slots'])} slot(s), {n} moment entr{'y' if n == 1 else 'ies'}"
+            + ("" if counter is None else f", random counter {counter}")
+            + size
+        )
+    tensors = len(info["tensors"])
+    if info["family"] == "float32_state":
+        return f"TLSF32B v{info['version']}, {tensors} tensor(s){size}"
+    encoding = info.get("encoding") or info["format"]
+    return f"exact-bits JSON {encoding}, {tensors} tensor(s){size}"

@@ -1,0 +1,240 @@
+"""The command line: ``python -m tlckpt`` / ``tlckpt``.
+
+Commands (no command at all runs ``demo``)::
+
+    tlckpt inspect FILE [--json]
+    tlckpt validate FILE [--against REFERENCE_OR_DESCRIPTION]
+    tlckpt convert SRC DST [--to FORMAT] [--dtype ENCODING] [--names-from FILE] [--compact]
+    tlckpt demo [--codec] [--keep DIR]
+
+Exit status: 0 success; 1 the file was rejected (one line on stderr naming the error
+class, the file, the byte offset or field, and the file vs expected values — never a
+traceback); 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from ..codec import CheckpointError, inspect
+from ..formats.state_bits import ENCODINGS, encoding_by_name
+from .convert import EXTENSIONS, FORMATS, convert, format_of_path
+from .describe import describe, summarize
+from .validation import load_destination, validate
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK = 0
+EXIT_REJECTED = 1
+EXIT_USAGE = 2
+
+
+class _UsageError(Exception):
+    """A command line that cannot be run as given (exit status 2)."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        info = inspect(args.file)
+    except CheckpointError as exc:
+        raise exc.with_path(args.file) from None
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(describe(info, args.file))
+    return EXIT_OK
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    against = None
+    if args.against is not None:
+        try:
+            against = load_destination(args.against)
+        except CheckpointError as exc:
+            raise exc.with_path(args.against) from None
+    try:
+        info = validate(args.file, against)
+    except CheckpointError as exc:
+        raise exc.with_path(args.file) from None
+    fits = "" if against is None else f"; fits {against.source}"
+    print(f"{args.file}: ok ({summarize(info)}{fits})")
+    return EXIT_OK
+
+
+def _format_for(path: str, explicit: str | None, role: str) -> str:
+    if explicit is not None:
+        return explicit
+    fmt = format_of_path(path)
+    if fmt is None:
+        known = ", ".join(EXTENSIONS)
+        hint = " (or pass --to)" if role == "destination" else ""
+        raise _UsageError(
+            f"cannot tell the {role} format of {path!r} from its extension;"
+            f" expected one of {known}{hint}"
+        )
+    return fmt
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    src_format = _format_for(args.src, None, "source")
+    dst_format = _format_for(args.dst, args.to, "destination")
+    if args.dtype is not None and dst_format != "json":
+        raise _UsageError("--dtype applies to a JSON destination only")
+    if args.dtype is not None and encoding_by_name(args.dtype) is None:
+        raise _UsageError(
+            f"unknown --dtype {args.dtype!r}; expected one of {', '.join(ENCODINGS)}"
+            " or a torchlean_state_*_v1 format tag"
+        )
+    if args.names_from is not None and dst_format not in ("safetensors", "pt"):
+        raise _UsageError("--names-from applies to a .safetensors or .pt destination only")
+    try:
+        result = convert(
+            args.src,
+            args.dst,
+            src_format=src_format,
+            dst_format=dst_format,
+            encoding=args.dtype,
+            names_from=args.names_from,
+            pretty=not args.compact,
+        )
+    except CheckpointError as exc:
+        raise exc.with_path(args.src) from None
+    encoding = f" {result['encoding']}" if result["encoding"] else ""
+    names = "" if result["names"] is None else f"; names {result['names']}"
+    print(
+        f"{args.src} ({result['source']}) -> {args.dst} ({result['target']}{encoding}):"
+        f" {result['tensors']} tensor(s), exact{names}"
+    )
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.codec:
+        from .demo import codec_demo
+
+        codec_demo(sys.stdout, None if args.keep is None else os.fspath(args.keep))
+        return EXIT_OK
+    from .demo import training_demo
+
+    return EXIT_OK if training_demo(sys.stdout, args.keep) else EXIT_REJECTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tlckpt`` (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="tlckpt",
+        description="Exact, streaming, crash-safe TorchLean checkpoints for PyTorch."
+        " Without a command, runs the demo.",
+        epilog="Exit status: 0 ok, 1 file rejected (one-line reason), 2 usage error.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "inspect",
+        help="describe any checkpoint file",
+        description="Describe a TLADAMF, TLSF32B or exact-bits JSON file without being told"
+        " what to expect; the whole file is checked on the way.",
+    )
+    p.add_argument("file", help="the checkpoint")
+    p.add_argument("--json", action="store_true", help="print the description as JSON")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser(
+        "validate",
+        help="exit 0 if a file is well-formed (and fits --against), 1 if not",
+        description="Check every record, size and the end of the file; with --against, also"
+        " everything a load into that destination checks.",
+    )
+    p.add_argument("file", help="the checkpoint")
+    p.add_argument(
+        "--against",
+        metavar="REFERENCE",
+        help="a reference checkpoint (.tladam: its schema, dtype and config; .tlsf32, .json,"
+        " .safetensors, .pt: its shapes) or a JSON destination description (docs/guide.md)",
+    )
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert model state among TLSF32B, JSON, safetensors and .pt, exactly",
+        description="Convert model state exactly, or refuse: a value the target cannot hold"
+        " bit for bit is an error, never a rounding. .pt files are read with"
+        " torch.load(weights_only=True) only.",
+    )
+    p.add_argument("src", help="source file (.tlsf32, .json, .safetensors, .pt)")
+    p.add_argument("dst", help="destination file")
+    p.add_argument(
+        "--to", choices=sorted(FORMATS), help="destination format (default: by extension)"
+    )
+    p.add_argument(
+        "--dtype",
+        metavar="ENCODING",
+        help="scalar type of a JSON destination (float64, float32, bfloat16, ...);"
+        " default: the source's",
+    )
+    p.add_argument(
+        "--names-from",
+        metavar="FILE",
+        help="a .safetensors/.pt file whose tensor names (in order) name a positional source",
+    )
+    p.add_argument("--compact", action="store_true", help="compact JSON (default: indented)")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "demo",
+        help="train, checkpoint, resume and show the resumed run is bit-identical (default)",
+        description="Train a small model with tied weights, a frozen layer and BatchNorm with"
+        " AdamW; checkpoint model and optimizer; resume in fresh objects; compare with the"
+        " uninterrupted run bit for bit. Exit 1 if they differ.",
+    )
+    p.add_argument("--codec", action="store_true", help="the numpy-only codec demo instead")
+    p.add_argument("--keep", metavar="DIR", help="write the files to DIR and keep them")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return the exit status (0 ok, 1 rejected, 2 usage).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``); no command runs ``demo``.
+    """
+    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(args_list or ["demo"])
+    except SystemExit as exc:  # argparse: usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command is None:  # options but no command, e.g. ``tlckpt --``
+        parser.print_usage(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except _UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"tlckpt {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CheckpointError as exc:
+        print(f"tlckpt: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_REJECTED
+    except BrokenPipeError:
+        # The reader of our output went away (``tlckpt inspect f | head``): not an error
+        # of any file. Point stdout at devnull so the interpreter's final flush is quiet.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as exc:
+        print(f"tlckpt: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_REJECTED
+    except KeyboardInterrupt:
+        print("tlckpt: interrupted", file=sys.stderr)
+        return 130
