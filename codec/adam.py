@@ -231,7 +231,9 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
                     expected=want,
                 )
 
-    def payload_buffer(self, path: Path, count: int, dtype: np.dtype, ctx: Container) -> Any:
+    def payload_buffer(
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
+    ) -> Any:
         if self.skip_payloads:
             return None
         if self.sink is not None:

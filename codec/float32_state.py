@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 import numpy as np
 from construct import Container
@@ -24,6 +25,8 @@ __all__ = [
     "write_float32_state",
     "read_float32_state",
     "validate_float32_state",
+    "read_float32_payloads",
+    "StateLayout",
     "scan_float32_state",
     "is_float32_state",
 ]
@@ -40,6 +43,7 @@ class _StateReader(Visitor):
         self.skip = skip
         self.values: list[Any] = []
         self.found: list[tuple[int, ...]] = []
+        self.offsets: list[int] = []
         self.templates: dict[tuple[int, ...], dict[str, Any]] = {}
 
     def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
@@ -69,8 +73,11 @@ class _StateReader(Visitor):
             self.templates[shape] = known
         return known
 
-    def payload_buffer(self, path: Path, count: int, dtype: np.dtype, ctx: Container) -> Any:
+    def payload_buffer(
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
+    ) -> Any:
         if self.skip:
+            self.offsets.append(offset)
             return None
         if self.sink is not None:
             buffer = self.sink.buffer(path[1], "payload", count, dtype)
@@ -123,13 +130,52 @@ def read_float32_state(
     return _read(path, shapes, sink, skip=False).values
 
 
-def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) -> None:
+@dataclass(frozen=True)
+class StateLayout:
+    """Where a validated ``TLSF32B`` file keeps its payloads.
+
+    Attributes:
+        shapes: the tensor shapes, in file order.
+        offsets: each payload's absolute byte position in the file object that was checked.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+
+
+def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) -> StateLayout:
     """Check a whole ``TLSF32B`` file against ``shapes`` without copying any payload.
 
     The first pass of a two-pass load: every header, size and the end of the file are
     checked; payload bytes are skipped with a seek.
+
+    Returns:
+        The payloads' positions, for :func:`read_float32_payloads` on the same open file.
     """
-    _read(path, shapes, None, skip=True)
+    reader = _read(path, shapes, None, skip=True)
+    return StateLayout(tuple(reader.found), tuple(reader.offsets))
+
+
+def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink) -> None:
+    """The second pass of a two-pass load: each payload straight into ``sink``'s buffers.
+
+    Headers are not decoded again: ``layout`` comes from :func:`validate_float32_state` on
+    this very file object, so only the payloads are read (a ``seek`` and a ``readinto`` per
+    tensor). The sink may return ``None`` to skip a tensor.
+
+    Raises:
+        TruncatedError: the file shrank since it was validated.
+        OSError: from the file system.
+    """
+    with open_source(file) as src:
+        for index, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets)):
+            count = product(shape)
+            buffer = sink.buffer(index, "payload", count, _F32)
+            if buffer is None:
+                continue
+            src.seek(offset)
+            src.readinto(buffer, ("tensors", index, "payload"))
+            sink.done(index, "payload", buffer)
 
 
 def scan_float32_state(path: PathOrFile) -> list[tuple[int, ...]]:

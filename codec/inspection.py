@@ -29,7 +29,9 @@ def sniff_family(path: PathOrFile) -> str:
                 return family
             if head and len(head) < len(magic) and magic.startswith(head):
                 src.need(len(magic), "magic")  # ends inside a known magic: truncated
-        if head.lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"{"):
+        # JSON state is an object; anything else JSON-looking goes to the JSON reader too,
+        # which says precisely what is wrong with it.
+        if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
             return "state_bits"
         raise UnsupportedFormatError(
             f"not a TorchLean checkpoint: starts with {head[:8]!r}",

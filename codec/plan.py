@@ -140,6 +140,10 @@ class Records:
     min_size: int
     streamed: bool  # holds payloads: records are not kept
     prefix: int  # steps of a Nested item before its first payload (the record's header)
+    header: tuple[tuple[str | None, bool], ...] = ()  # (field, is an array) of that header
+    # After the header, only payloads of a fixed dtype whose counts need nothing but the
+    # record's own fields: a reader that knows the header can skip building a context.
+    simple_tail: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,12 +233,30 @@ def _compile_field(name: str | None, sc: Construct) -> Any:
             )
         compiled = _compile_field(None, item)
         prefix = 0
+        header: list[tuple[str | None, bool]] = []
         if isinstance(compiled, Nested):
             for step in compiled.steps:
-                if not isinstance(step, (Run, U64Array)):
+                if isinstance(step, Run):
+                    header.extend((n, False) for n in step.names)
+                elif isinstance(step, U64Array):
+                    header.append((step.name, True))
+                else:
                     break
                 prefix += 1
-        return Records(name, inner.count, compiled, min_size(item), has_payload(item), prefix)
+        tail = compiled.steps[prefix:] if isinstance(compiled, Nested) else ()
+        simple_tail = bool(tail) and all(
+            isinstance(t, PayloadStep) and t.payload.fixed_dtype is not None for t in tail
+        )
+        return Records(
+            name,
+            inner.count,
+            compiled,
+            min_size(item),
+            has_payload(item),
+            prefix,
+            tuple(header),
+            simple_tail,
+        )
     if isinstance(inner, Payload):
         return PayloadStep(name, inner)
     if isinstance(inner, IfThenElse):

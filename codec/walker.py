@@ -71,10 +71,11 @@ class Visitor:
         """Called after each named field (at any depth) is decoded; raise to reject."""
 
     def payload_buffer(
-        self, path: Path, count: int, dtype: np.dtype, context: Container
+        self, path: Path, count: int, dtype: np.dtype, context: Container, offset: int
     ) -> Any | None:
         """A writable C-contiguous buffer of ``count`` ``dtype`` elements, or ``None`` to skip
-        the payload (its size has already been checked against the bytes left)."""
+        the payload (its size has already been checked against the bytes left). ``offset``
+        is the payload's position in the file."""
         return np.empty(count, dtype=dtype)
 
     def payload_done(self, path: Path, buffer: Any, context: Container) -> Any:
@@ -268,7 +269,13 @@ class _Parser:
                 sub = (*path, i)
                 known = template(path, i) if template is not None else None
                 if known is not None and self.header_matches(item, step.prefix, known):
-                    value = self.struct(item.struct, item.steps, ctx, sub, known, step.prefix)
+                    if step.simple_tail:
+                        # Header known and checked; the rest is payloads that need only it.
+                        value = Container(known)
+                        for tail in item.steps[step.prefix :]:
+                            value[tail.name] = self.payload(tail, value, (*sub, tail.name))
+                    else:
+                        value = self.struct(item.struct, item.steps, ctx, sub, known, step.prefix)
                 else:
                     value = self.value(item, ctx, sub)
                 self.on_field(sub, value, offset, ctx)
@@ -276,21 +283,25 @@ class _Parser:
                     out.append(value)
             return count if step.streamed else out
         if t is PayloadStep:
-            offset = src.pos
-            count, dtype = step.payload.resolve(ctx)
-            count = _count(count, path, offset)
-            nbytes = count * dtype.itemsize
-            src.need(nbytes, path)
-            buffer = self.visitor.payload_buffer(path, count, dtype, ctx)
-            if buffer is None:
-                src.skip(nbytes, path)
-                return None
-            src.readinto(buffer, path)
-            return self.visitor.payload_done(path, buffer, ctx)
+            return self.payload(step, ctx, path)
         if t is Branch:
             chosen = step.then if evaluate(step.cond, ctx) else step.otherwise
             return self.value(chosen, ctx, path)
         return self.leaf(step.subcon, ctx, path)
+
+    def payload(self, step: PayloadStep, ctx: Container, path: Path) -> Any:
+        src = self.src
+        offset = src.pos
+        count, dtype = step.payload.resolve(ctx)
+        count = _count(count, path, offset)
+        nbytes = count * dtype.itemsize
+        src.need(nbytes, path)
+        buffer = self.visitor.payload_buffer(path, count, dtype, ctx, offset)
+        if buffer is None:
+            src.skip(nbytes, path)
+            return None
+        src.readinto(buffer, path)
+        return self.visitor.payload_done(path, buffer, ctx)
 
     def leaf(self, sc: Any, ctx: Container, path: Path) -> Any:
         """The interpreted path: construct decodes the field's exact bytes."""
@@ -321,19 +332,25 @@ def parse(
 
 class _Builder:
     def __init__(self, stream: BinaryIO):
+        self.stream = stream
         self.out = stream
         self.pos = 0
         self.fast = _FAST_PATH.get()
+        # Record headers already built and checked, by their field values: a model's many
+        # tensors share few shapes, so most headers are one dict lookup.
+        self.headers: dict[tuple, bytes] = {}
 
     def write(self, data: Any) -> None:
         self.out.write(data)
         self.pos += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
 
-    def struct(self, st: Struct, steps: tuple, obj: Any, parent: Container, path: Path) -> None:
+    def struct(
+        self, st: Struct, steps: tuple, obj: Any, parent: Container, path: Path, start: int = 0
+    ) -> None:
         obj = Container() if obj is None else obj
         ctx = _child_context(st, parent, parsing=False)
         ctx.update(obj)
-        for step in steps:
+        for step in steps[start:] if start else steps:
             if type(step) is Run:
                 self.run(step, obj, ctx, path)
                 continue
@@ -414,12 +431,16 @@ class _Builder:
             return values
         if t is Records:
             count = evaluate(step.count, ctx)
+            cached = self.fast and step.prefix and step.streamed
             n = 0
             for n, item in enumerate(obj, 1):
                 if n > count:
                     break
                 ctx._index = n - 1
-                self.value(step.item, item, ctx, (*path, n - 1))
+                if cached:
+                    self.record(step, item, ctx, (*path, n - 1))
+                else:
+                    self.value(step.item, item, ctx, (*path, n - 1))
             if n != count:
                 raise CheckpointError(
                     f"{field_name(path)}: {count} records announced, {n} given",
@@ -435,6 +456,30 @@ class _Builder:
         built = self.leaf(step.subcon, obj, ctx, path, buf)
         self.write(buf.getvalue())
         return built
+
+    def record(self, step: Records, item: Any, parent: Container, path: Path) -> None:
+        """Write one record whose header bytes may already be known from an earlier one."""
+        try:
+            key = tuple(
+                tuple(item[name]) if is_array else item[name] for name, is_array in step.header
+            )
+            header = self.headers.get(key)
+        except (KeyError, TypeError):  # missing or unhashable values: the slow path says why
+            key, header = None, None
+        nested = step.item
+        if header is None:
+            scratch, pos = io.BytesIO(), self.pos
+            self.out = scratch
+            try:
+                self.struct(nested.struct, nested.steps[: step.prefix], item, parent, path)
+            finally:
+                self.out = self.stream
+                self.pos = pos
+            header = scratch.getvalue()
+            if key is not None:
+                self.headers[key] = header
+        self.write(header)
+        self.struct(nested.struct, nested.steps, item, parent, path, start=step.prefix)
 
     def payload(self, step: PayloadStep, array: Any, ctx: Container, path: Path) -> Any:
         count, dtype = step.payload.resolve(ctx)

@@ -115,12 +115,12 @@ class Payload(Construct):
         self.count = count
         self.dtype = dtype
         # Most payloads have one dtype per version: resolve it once, not per record.
-        self._dtype = None if callable(dtype) else np.dtype(dtype).newbyteorder("<")
+        self.fixed_dtype = None if callable(dtype) else np.dtype(dtype).newbyteorder("<")
 
     def resolve(self, context: Any) -> tuple[int, np.dtype]:
         """Element count and little-endian dtype for this record."""
         count = evaluate(self.count, context)
-        dtype = self._dtype
+        dtype = self.fixed_dtype
         if dtype is None:
             dtype = np.dtype(evaluate(self.dtype, context)).newbyteorder("<")
         return count, dtype
