@@ -9,6 +9,12 @@ in bounded chunks) through an atomic output. Reading parses the file's bytes wit
 (bounded nesting, no code execution) and validates every field with set-level type checks
 and numpy range checks, not per-element Python loops. Untrusted bytes raise only
 :class:`~tlckpt.codec.errors.CheckpointError` subclasses (or ``OSError``).
+
+Reading first tries a fast path (:mod:`~tlckpt.codec.json_words`): the flat ``values`` arrays
+are cut out of the bytes and converted by numpy without one Python int per word, and orjson
+parses only the small remainder. It is taken only when it provably yields the document orjson
+would (see :func:`_fast_document`) and that document passes every check; on anything else,
+valid or not, the general path above reads the file again and gives the result or the error.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from ..formats.state_bits import (
     encoding_by_name,
     parse_tag,
 )
+from . import json_words
 from .atomic import output
 from .errors import (
     CheckpointError,
@@ -40,7 +47,7 @@ from .errors import (
     SchemaMismatchError,
     UnsupportedFormatError,
 )
-from .source import PathOrFile, Source, open_source
+from .source import PathOrFile, open_source
 
 __all__ = ["inspect_state_bits", "read_state_bits", "write_state_bits"]
 
@@ -286,14 +293,56 @@ def _json_error(exc: orjson.JSONDecodeError, data: bytes) -> MalformedError:
     )
 
 
-def _load(src: Source) -> tuple[Any, bytes | None]:
-    """Parse the document; return it, and its bytes when small enough to re-diagnose."""
-    data = src.read(src.remaining, "JSON document")
+def _parse(data: bytes) -> tuple[Any, bytes | None]:
+    """The general path: orjson's document, and the bytes when small enough to re-diagnose."""
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise _json_error(exc, data) from None
     return document, (data if len(data) <= _REDIAGNOSE_LIMIT else None)
+
+
+class _NotFast(Exception):
+    """The fast path's words cannot be judged without the general path (never escapes)."""
+
+
+def _fast_document(data: bytes, fmt: ScalarFormat | None = None) -> Any | None:
+    """orjson's document for ``data``, each tensor's values a uint64 array; or ``None``.
+
+    :func:`json_words.cut_arrays` empties every ``"values"`` array (there is no backslash, so
+    none hides behind an escape) and orjson parses the rest. The document is that of the
+    file when the remainder is JSON, each cut array is a plain word array
+    (:func:`json_words.parse_arrays`), and the cut arrays are exactly the tensors' values: as
+    many cuts as ``state`` entries, each entry an object whose ``values`` is the emptied
+    ``[]``. A tensor's ``values`` member is one of the cuts inside its own object, distinct
+    tensors own distinct cuts, so equal counts leave no cut anywhere else (duplicate keys,
+    ``values`` in extra objects, a second ``state``) and pair them in document order. Words
+    above the encoding's width (with ``fmt``: already in the parse, whose words then come as
+    its word dtype), nested arrays and every error are left to the general path.
+    """
+    cut = json_words.cut_arrays(data, b"values")
+    if cut is None or not cut[1]:
+        return None
+    remainder, spans = cut
+    try:
+        document = orjson.loads(remainder)
+    except orjson.JSONDecodeError:
+        return None
+    state = document.get("state") if isinstance(document, dict) else None
+    if type(state) is not list or len(state) != len(spans):
+        return None
+    for entry in state:
+        if type(entry) is not dict or type(entry.get("values")) is not list or entry["values"]:
+            return None
+    if fmt is None or fmt.pair:  # pairs: only empty arrays, judged in _words
+        arrays = json_words.parse_arrays(data, spans)
+    else:
+        arrays = json_words.parse_arrays(data, spans, fmt.word_dtype, fmt.width)
+    if arrays is None:
+        return None
+    for entry, words in zip(state, arrays):
+        entry["values"] = words
+    return document
 
 
 def _parse_header(document: Any) -> tuple[str, list[Any]]:
@@ -329,7 +378,7 @@ def _parse_header(document: Any) -> tuple[str, list[Any]]:
     return tag, state
 
 
-def _entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any]]:
+def _entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any] | np.ndarray]:
     """The checked ``shape`` and the ``values`` array of state tensor ``index``."""
     field = f"state[{index}]"
     if not isinstance(entry, dict):
@@ -363,7 +412,7 @@ def _entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any]]:
             actual=_short(shape),
             expected="non-negative integers",
         )
-    if not isinstance(values, list):
+    if not isinstance(values, (list, np.ndarray)):  # arrays only from _fast_document
         raise MalformedError(
             f"values of state tensor {index} are a JSON {_json_type(values)}, expected an array",
             field=f"{field}.values",
@@ -473,8 +522,14 @@ def _value_error(
     )
 
 
-def _words(values: list[Any], index: int, fmt: ScalarFormat, data: bytes | None) -> np.ndarray:
+def _words(
+    values: list[Any] | np.ndarray, index: int, fmt: ScalarFormat, data: bytes | None
+) -> np.ndarray:
     """Validated uint64 words of one tensor's ``values`` (flat; complex: re, im interleaved)."""
+    if isinstance(values, np.ndarray):  # the fast path's words: integers 0 <= w < 2^64
+        if values.size and (fmt.pair or (fmt.width < 64 and int(values.max()) >> fmt.width)):
+            raise _NotFast  # an error: the general path words it
+        return values
     if fmt.pair:
         if not set(map(type, values)) <= {list} or not set(map(len, values)) <= {2}:
             k, bad = next(
@@ -507,7 +562,9 @@ def _words(values: list[Any], index: int, fmt: ScalarFormat, data: bytes | None)
 
 def _as_array(words: np.ndarray, shape: tuple[int, ...], fmt: ScalarFormat) -> np.ndarray:
     """uint64 words → the caller's array: native dtype, or words (+ trailing 2 for pairs)."""
-    typed = words.astype(np.dtype(fmt.word_dtype))
+    dtype = np.dtype(fmt.word_dtype)
+    # Our own fresh words are used as they are; a view into other words is copied.
+    typed = words if words.dtype == dtype and words.base is None else words.astype(dtype)
     if fmt.pair and fmt.native_dtype is None:
         return typed.reshape((*shape, 2))
     return typed.view(np.dtype(fmt.array_dtype)).reshape(shape)
@@ -567,52 +624,66 @@ def read_state_bits(
     fmt = _format_of(encoding)
     expected = _expected_shapes(shapes)
     with open_source(path) as src:
-        document, data = _load(src)
-        tag, state = _parse_header(document)
-        if tag != fmt.tag:
-            raise UnsupportedFormatError(
-                f"format {_short(tag)} is not the expected {fmt.tag!r}",
-                field="format",
-                actual=_short(tag),
-                expected=fmt.tag,
-            )
-        n = len(expected)
-        if len(state) > n:
+        data = src.read(src.remaining, "JSON document")
+        fast = _fast_document(data, fmt)
+        if fast is not None:
+            try:
+                return _checked_arrays(fast, None, fmt, expected)
+            except (CheckpointError, _NotFast):
+                pass  # the general path below finds the same problem and words it
+        document, diagnose = _parse(data)
+        return _checked_arrays(document, diagnose, fmt, expected)
+
+
+def _checked_arrays(
+    document: Any, data: bytes | None, fmt: ScalarFormat, expected: list[tuple[int, ...]]
+) -> list[np.ndarray]:
+    """:func:`read_state_bits` on a parsed document."""
+    tag, state = _parse_header(document)
+    if tag != fmt.tag:
+        raise UnsupportedFormatError(
+            f"format {_short(tag)} is not the expected {fmt.tag!r}",
+            field="format",
+            actual=_short(tag),
+            expected=fmt.tag,
+        )
+    n = len(expected)
+    if len(state) > n:
+        raise SchemaMismatchError(
+            f"unexpected {len(state) - n} trailing state tensor(s): file has "
+            f"{len(state)}, expected {n}",
+            field="state",
+            actual=len(state),
+            expected=n,
+        )
+    result = []
+    for i, want in enumerate(expected):
+        if i >= len(state):
             raise SchemaMismatchError(
-                f"unexpected {len(state) - n} trailing state tensor(s): file has "
-                f"{len(state)}, expected {n}",
-                field="state",
+                f"missing state tensor {i + 1}/{n}: file has {len(state)}",
+                field=f"state[{i}]",
                 actual=len(state),
                 expected=n,
             )
-        result = []
-        for i, want in enumerate(expected):
-            if i >= len(state):
-                raise SchemaMismatchError(
-                    f"missing state tensor {i + 1}/{n}: file has {len(state)}",
-                    field=f"state[{i}]",
-                    actual=len(state),
-                    expected=n,
-                )
-            shape, values = _entry_fields(state[i], i)
-            if tuple(shape) != want:
-                raise SchemaMismatchError(
-                    f"state tensor {i}: shape {_short(shape)} in file, expected {list(want)}",
-                    field=f"state[{i}].shape",
-                    actual=_short(shape),
-                    expected=list(want),
-                )
-            count = math.prod(want)
-            if len(values) != count:
-                raise SchemaMismatchError(
-                    f"state tensor {i}: {len(values)} values in file for the {count} "
-                    f"elements of shape {list(want)}",
-                    field=f"state[{i}].values",
-                    actual=len(values),
-                    expected=count,
-                )
-            result.append(_as_array(_words(values, i, fmt, data), want, fmt))
-        return result
+        shape, values = _entry_fields(state[i], i)
+        if tuple(shape) != want:
+            raise SchemaMismatchError(
+                f"state tensor {i}: shape {_short(shape)} in file, expected {list(want)}",
+                field=f"state[{i}].shape",
+                actual=_short(shape),
+                expected=list(want),
+            )
+        count = math.prod(want)
+        if len(values) != count:
+            raise SchemaMismatchError(
+                f"state tensor {i}: {len(values)} values in file for the {count} "
+                f"elements of shape {list(want)}",
+                field=f"state[{i}].values",
+                actual=len(values),
+                expected=count,
+            )
+        result.append(_as_array(_words(values, i, fmt, data), want, fmt))
+    return result
 
 
 def inspect_state_bits(path: PathOrFile) -> dict[str, Any]:
@@ -637,32 +708,44 @@ def inspect_state_bits(path: PathOrFile) -> dict[str, Any]:
     """
     with open_source(path) as src:
         size = src.remaining
-        document, data = _load(src)
-        tag, state = _parse_header(document)
-        fmt = parse_tag(tag)
-        if fmt is None:
-            raise UnsupportedFormatError(
-                f"format {_short(tag)} names no exact-bits encoding this library can hold",
-                field="format",
-                actual=_short(tag),
-                expected="a torchlean_state_*_v1 tag",
+        data = src.read(size, "JSON document")
+        fast = _fast_document(data)
+        if fast is not None:
+            try:
+                return _described(fast, None, size)
+            except (CheckpointError, _NotFast):
+                pass  # the general path below finds the same problem and words it
+        document, diagnose = _parse(data)
+        return _described(document, diagnose, size)
+
+
+def _described(document: Any, data: bytes | None, size: int) -> dict[str, Any]:
+    """:func:`inspect_state_bits` on a parsed document."""
+    tag, state = _parse_header(document)
+    fmt = parse_tag(tag)
+    if fmt is None:
+        raise UnsupportedFormatError(
+            f"format {_short(tag)} names no exact-bits encoding this library can hold",
+            field="format",
+            actual=_short(tag),
+            expected="a torchlean_state_*_v1 tag",
+        )
+    tensors = []
+    for i, entry in enumerate(state):
+        shape, values = _entry_fields(entry, i)
+        if not _element_count_is(shape, len(values)):
+            raise SchemaMismatchError(
+                f"state tensor {i}: {len(values)} values in file for shape {_short(shape)}",
+                field=f"state[{i}].values",
+                actual=len(values),
+                expected=f"prod({_short(shape)})",
             )
-        tensors = []
-        for i, entry in enumerate(state):
-            shape, values = _entry_fields(entry, i)
-            if not _element_count_is(shape, len(values)):
-                raise SchemaMismatchError(
-                    f"state tensor {i}: {len(values)} values in file for shape {_short(shape)}",
-                    field=f"state[{i}].values",
-                    actual=len(values),
-                    expected=f"prod({_short(shape)})",
-                )
-            _words(values, i, fmt, data)
-            tensors.append({"shape": list(shape), "elements": len(values)})
-        return {
-            "family": "state_bits",
-            "format": tag,
-            "encoding": _short_name(fmt),
-            "tensors": tensors,
-            "bytes": size,
-        }
+        _words(values, i, fmt, data)
+        tensors.append({"shape": list(shape), "elements": len(values)})
+    return {
+        "family": "state_bits",
+        "format": tag,
+        "encoding": _short_name(fmt),
+        "tensors": tensors,
+        "bytes": size,
+    }
