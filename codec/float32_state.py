@@ -16,6 +16,7 @@ from .adam import PayloadSink
 from .atomic import output
 from .errors import CheckpointError, SchemaMismatchError, UnsupportedFormatError
 from .framed import check_trailing, read_framing
+from .gcpause import gc_paused
 from .schema_check import check_shape_field
 from .source import PathOrFile, open_source
 from .walker import Path, Visitor, parse
@@ -167,7 +168,7 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
         TruncatedError: the file shrank since it was validated.
         OSError: from the file system.
     """
-    with open_source(file) as src:
+    with open_source(file) as src, gc_paused():
         for index, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets)):
             count = product(shape)
             buffer = sink.buffer(index, "payload", count, _F32)
@@ -208,7 +209,7 @@ def _records(arrays: Iterable[Any]):
             "rank": len(shape),
             "dims": list(shape),
             "element_count": product(shape),
-            "payload": array.reshape(-1) if array.flags.c_contiguous else array.ravel(),
+            "payload": array,
         }
 
 

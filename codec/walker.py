@@ -29,6 +29,7 @@ from construct import ConstructError, Container, Struct
 from construct.core import evaluate
 
 from .errors import CheckpointError, MalformedError, from_construct
+from .gcpause import gc_paused
 from .paths import Path, field_name
 from .plan import (
     Branch,
@@ -327,7 +328,8 @@ def parse(
     Does not check for trailing data (the caller decides what follows).
     """
     root = Container(_parsing=True, _building=False, _sizing=False, _params=Container(params or {}))
-    return _Parser(source, visitor or Visitor()).struct(spec, compile_struct(spec), root, ())
+    with gc_paused():
+        return _Parser(source, visitor or Visitor()).struct(spec, compile_struct(spec), root, ())
 
 
 class _Builder:
@@ -479,10 +481,24 @@ class _Builder:
             if key is not None:
                 self.headers[key] = header
         self.write(header)
+        if step.simple_tail and isinstance(item, dict):
+            tails = nested.steps[step.prefix :]
+            try:  # the payloads need nothing but the record's own fields
+                resolved = [tail.payload.resolve(item) for tail in tails]
+            except (KeyError, AttributeError):
+                resolved = None
+            if resolved is not None and all(tail.name in item for tail in tails):
+                for tail, (count, dtype) in zip(tails, resolved):
+                    self.payload_array(item[tail.name], count, dtype, (*path, tail.name))
+                return
         self.struct(nested.struct, nested.steps, item, parent, path, start=step.prefix)
 
     def payload(self, step: PayloadStep, array: Any, ctx: Container, path: Path) -> Any:
         count, dtype = step.payload.resolve(ctx)
+        return self.payload_array(array, count, dtype, path)
+
+    def payload_array(self, array: Any, count: int, dtype: np.dtype, path: Path) -> Any:
+        """Write one payload from the caller's memory (a copy only if it is strided)."""
         if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
             got = (
                 f"{array.dtype} array of {array.size} elements"
@@ -496,7 +512,7 @@ class _Builder:
         if array.size:
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
-            self.write(memoryview(array.reshape(-1)).cast("B"))
+            self.write(array.data)  # the array's own memory, any shape
         return array
 
     def leaf(self, sc: Any, obj: Any, ctx: Container, path: Path, buf: BinaryIO) -> Any:
@@ -518,5 +534,6 @@ def build(stream: BinaryIO, spec: Struct, values: Any, params: dict | None = Non
     """
     root = Container(_parsing=False, _building=True, _sizing=False, _params=Container(params or {}))
     builder = _Builder(stream)
-    builder.struct(spec, compile_struct(spec), values, root, ())
+    with gc_paused():
+        builder.struct(spec, compile_struct(spec), values, root, ())
     return builder.pos
