@@ -7,6 +7,11 @@
 
 Loads are all or nothing: the file is read and checked completely before anything live
 changes.
+
+Models and optimizers sharded with ``torch.distributed`` (FSDP2 ``fully_shard``, DTensors
+from ``distribute_tensor``) go through the same functions, called on every rank: rank 0
+reads or writes the one file, the same file one process would (:mod:`.sharded_state`,
+:mod:`.sharded_optimizer`), so a checkpoint loads into any number of ranks.
 """
 
 from .module_state import load_module_state, load_state_bits, save_module_state, save_state_bits

@@ -24,12 +24,13 @@ from torch.autograd.graph import increment_version
 
 from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError
 from ..codec.float32_state import (
-    read_float32_state,
+    read_float32_payloads,
     validate_float32_state,
     write_float32_state,
 )
 from ..codec.source import PathOrFile
 from ..codec.state_bits import read_state_bits, write_state_bits
+from .dtensors import reusable, sharded
 from .slots import view_key
 from .tensors import (
     HostBuffer,
@@ -105,17 +106,17 @@ def _float32_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
 
 
 @contextlib.contextmanager
-def _opened(path: PathOrFile) -> Iterator[tuple[BinaryIO, int]]:
-    """One open handle for every pass of a load, and where the checkpoint starts in it.
+def _opened(path: PathOrFile) -> Iterator[BinaryIO]:
+    """One open handle for every pass of a load.
 
     Re-opening the path between passes could read a different file (one renamed over it
     meanwhile) in the second pass than was validated in the first.
     """
     if isinstance(path, (str, os.PathLike)):
         with open(path, "rb") as f:
-            yield f, 0
+            yield f
     else:
-        yield path, path.tell()
+        yield path
 
 
 def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
@@ -133,6 +134,10 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     Tensors are written one at a time; device tensors pass through one reusable (pinned)
     host buffer, so no more than one tensor's payload is held beyond the model.
 
+    A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
+    collective: every rank calls it and rank 0 alone opens the file (see
+    :mod:`tlckpt.runtime.sharded_state`); errors are then raised on every rank alike.
+
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
         path: destination path, or a binary file object written at its position.
@@ -146,6 +151,11 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     Example:
         >>> save_module_state(model, "model.tlsf32")           # doctest: +SKIP
     """
+    module_or_tensors = reusable(module_or_tensors)
+    if sharded(module_or_tensors):
+        from . import sharded_state
+
+        return sharded_state.save_module_state(module_or_tensors, path)
     named = _float32_state(module_or_tensors)
     for name, t in named:
         if t.dtype != torch.float32:
@@ -262,6 +272,10 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     the second copies tensor by tensor, straight into the tensor's memory when it is a
     contiguous CPU float32 tensor, else through one reusable (pinned) host buffer.
 
+    A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
+    collective: every rank calls it and rank 0 alone opens the file (see
+    :mod:`tlckpt.runtime.sharded_state`); errors are then raised on every rank alike.
+
     Args:
         module_or_tensors: the destination model or tensors (``state_dict`` order).
         path: file path, or a seekable binary file object read from its position.
@@ -275,6 +289,11 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     Example:
         >>> load_module_state(model, "model.tlsf32")           # doctest: +SKIP
     """
+    module_or_tensors = reusable(module_or_tensors)
+    if sharded(module_or_tensors):
+        from . import sharded_state
+
+        return sharded_state.load_module_state(module_or_tensors, path)
     named = _float32_state(module_or_tensors)
     for name, t in named:
         check_convertible(t.dtype, torch.float32, name)
@@ -282,13 +301,11 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
     copies = _tied_copies(named)
     precheck = _Precheck(named, copies, staging)
-    with _opened(path) as (f, start):
-        validate_float32_state(f, shapes)
+    with _opened(path) as f:
+        layout = validate_float32_state(f, shapes)
         if any(precheck.needs(i) for i in range(len(named))):
-            f.seek(start)
-            read_float32_state(f, shapes, sink=precheck)
-        f.seek(start)
-        read_float32_state(f, shapes, sink=_Installer(named, copies, staging))
+            read_float32_payloads(f, layout, precheck)
+        read_float32_payloads(f, layout, _Installer(named, copies, staging))
 
 
 def _bits_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, torch.dtype, str]:
@@ -306,6 +323,10 @@ def save_state_bits(
     dtype: float64, float32, float16, bfloat16, the float8 kinds, complex32/64/128 (a model
     without floating tensors uses float64).
 
+    A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
+    collective: every rank calls it and rank 0 alone opens the file (see
+    :mod:`tlckpt.runtime.sharded_state`); errors are then raised on every rank alike.
+
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
         path: destination path (written atomically) or a binary file object.
@@ -316,6 +337,11 @@ def save_state_bits(
             whose values the file's type cannot hold exactly (the message names it).
         OSError: from the file system.
     """
+    module_or_tensors = reusable(module_or_tensors)
+    if sharded(module_or_tensors):
+        from . import sharded_state
+
+        return sharded_state.save_state_bits(module_or_tensors, path, pretty)
     named, dtype, encoding = _bits_state(module_or_tensors)
     arrays = []
     for name, t in named:
@@ -330,6 +356,10 @@ def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> Non
     The expected format tag follows the model's floating dtype. The whole file is parsed and
     checked, and every value converted for its destination, before any tensor is written.
 
+    A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
+    collective: every rank calls it and rank 0 alone opens the file (see
+    :mod:`tlckpt.runtime.sharded_state`); errors are then raised on every rank alike.
+
     Args:
         module_or_tensors: the destination model or tensors.
         path: file path or a binary file object.
@@ -339,6 +369,11 @@ def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> Non
             that does not convert exactly into an integer tensor); the model is unchanged.
         OSError: from the file system.
     """
+    module_or_tensors = reusable(module_or_tensors)
+    if sharded(module_or_tensors):
+        from . import sharded_state
+
+        return sharded_state.load_state_bits(module_or_tensors, path)
     named, dtype, encoding = _bits_state(module_or_tensors)
     for name, t in named:
         check_convertible(t.dtype, dtype, name)

@@ -21,6 +21,7 @@ from ..codec.adam import AdamEntry, read_adam, write_adam
 from ..codec.errors import CheckpointError, ConfigError, EntryError
 from ..codec.source import PathOrFile
 from .adam_binding import AdamBinding, bind_adam, step_tensor, step_value
+from .dtensors import reusable, sharded
 from .slots import ModuleOrParams
 from .tensors import HostBuffer, torch_dtype_of
 
@@ -114,6 +115,10 @@ def save_optimizer(
     The version follows FORMAT.md: float64 moments → 5; else a random counter → 4; else tied
     parameters → 3; else 2. The learning rate is not part of the file.
 
+    Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
+    collective: every rank calls it and rank 0 alone opens the file (see
+    :mod:`tlckpt.runtime.sharded_optimizer`); errors are then raised on every rank alike.
+
     Args:
         optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW`` that has taken a step.
         module_or_params: the module (``named_parameters(remove_duplicate=False)`` order)
@@ -134,6 +139,11 @@ def save_optimizer(
         >>> save_optimizer(opt, model, "opt.tladam")               # doctest: +SKIP
         3
     """
+    module_or_params = reusable(module_or_params)
+    if sharded(module_or_params):
+        from . import sharded_optimizer
+
+        return sharded_optimizer.save_optimizer(optimizer, module_or_params, path, random_counter)
     binding = bind_adam(optimizer, module_or_params)
     steps = _checked_steps(binding)
     return write_adam(
@@ -220,6 +230,10 @@ def load_optimizer(
     the device that the optimizer's own ``step`` expects for its foreach / fused /
     capturable settings). The learning rate is left as the optimizer has it.
 
+    Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
+    collective: every rank calls it and rank 0 alone opens the file (see
+    :mod:`tlckpt.runtime.sharded_optimizer`); errors are then raised on every rank alike.
+
     Args:
         optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW``.
         module_or_params: the parameters, as for :func:`save_optimizer`.
@@ -240,6 +254,13 @@ def load_optimizer(
     Example:
         >>> load_optimizer(opt, model, "opt.tladam")                # doctest: +SKIP
     """
+    module_or_params = reusable(module_or_params)
+    if sharded(module_or_params):
+        from . import sharded_optimizer
+
+        return sharded_optimizer.load_optimizer(
+            optimizer, module_or_params, path, restore_random_counter
+        )
     binding = bind_adam(optimizer, module_or_params)
     checkpoint = read_adam(
         path,

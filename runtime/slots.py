@@ -15,6 +15,7 @@ import torch
 
 from ..codec.errors import CheckpointError, SchemaMismatchError
 from ..codec.schema import ParameterSchema
+from .dtensors import local_tensor
 
 __all__ = ["ParameterSlots", "parameter_slots", "schema_of", "view_key"]
 
@@ -72,7 +73,17 @@ def _storage_key(t: torch.Tensor) -> tuple:
 
 
 def view_key(t: torch.Tensor) -> tuple:
-    """What makes two views the same parameter: storage, offset, shape, stride and dtype."""
+    """What makes two views the same parameter: storage, offset, shape, stride and dtype.
+
+    A DTensor's storage is its local shard's, qualified by its global shape and placements;
+    a DTensor whose shard on this rank is empty is identified by the object itself (tied
+    FSDP2 parameters are one object), so every rank finds the same ties.
+    """
+    local = local_tensor(t)
+    if local is not t:
+        if not local.numel():
+            return ("object", id(t))
+        return (*view_key(local), tuple(t.shape), tuple(t.placements))
     return (*_storage_key(t), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
@@ -81,15 +92,16 @@ def _representatives(names: list[str], tensors: list[torch.Tensor]) -> list[int 
     first_trainable: dict[tuple, int] = {}  # view key → first trainable slot with it
     by_storage: dict[tuple, list[int]] = {}  # storage → earlier slots in it (overlap check)
     for i, t in enumerate(tensors):
+        local = local_tensor(t)  # where a DTensor's bytes live on this rank
         # Empty tensors hold no bytes: only the very same tensor object ties them.
-        key = view_key(t) if t.numel() else ("object", id(t))
-        if t.numel():
-            start, end = _byte_range(t)
-            neighbours = by_storage.setdefault(_storage_key(t), [])
+        key = view_key(t) if local.numel() else ("object", id(t))
+        if local.numel():
+            start, end = _byte_range(local)
+            neighbours = by_storage.setdefault(_storage_key(local), [])
             for j in neighbours:
                 if view_key(tensors[j]) == key:
                     continue
-                o_start, o_end = _byte_range(tensors[j])
+                o_start, o_end = _byte_range(local_tensor(tensors[j]))
                 if start < o_end and o_start < end:
                     raise SchemaMismatchError(
                         f"parameters {names[j]!r} (slot {j}) and {names[i]!r} (slot {i}) share"
