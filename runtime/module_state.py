@@ -91,7 +91,7 @@ def state_tensors(module_or_tensors: ModuleOrTensors) -> NamedTensors:
     return [(str(name), t) for name, t in items]
 
 
-def _float32_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
+def float32_named_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
     """The state, checked to be storable as float32 (TLSF32B holds nothing else)."""
     named = state_tensors(module_or_tensors)
     dtype = file_dtype_of(named)
@@ -119,7 +119,7 @@ def _opened(path: PathOrFile) -> Iterator[BinaryIO]:
         yield path
 
 
-def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
+def host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
     t = to_file_dtype(t.detach(), torch.float32, name)
     if t.device.type == "cpu":
         return t.contiguous().numpy()  # a view of the live tensor unless it was strided
@@ -156,16 +156,16 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
         from . import sharded_state
 
         return sharded_state.save_module_state(module_or_tensors, path)
-    named = _float32_state(module_or_tensors)
+    named = float32_named_state(module_or_tensors)
     for name, t in named:
         if t.dtype != torch.float32:
             to_file_dtype(t, torch.float32, name)  # raises before anything is written
     staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
-    arrays = (_host_float32(t, name, staging) for name, t in named)
+    arrays = (host_float32(t, name, staging) for name, t in named)
     write_float32_state(path, arrays, count=len(named))
 
 
-def _tied_copies(named: NamedTensors) -> dict[int, int]:
+def tied_copies(named: NamedTensors) -> dict[int, int]:
     """State index → the earlier index holding the very same tensor view (tied weights are
     in ``state_dict`` once per place they are registered)."""
     first: dict[tuple, int] = {}
@@ -178,7 +178,7 @@ def _tied_copies(named: NamedTensors) -> dict[int, int]:
     return copies
 
 
-def _tie_conflict(named: NamedTensors, i: int, j: int) -> SchemaMismatchError:
+def tie_conflict(named: NamedTensors, i: int, j: int) -> SchemaMismatchError:
     return SchemaMismatchError(
         f"tensor {i} ({named[i][0]!r}) is tied to tensor {j} ({named[j][0]!r}) but the file"
         " holds different values for them",
@@ -186,7 +186,7 @@ def _tie_conflict(named: NamedTensors, i: int, j: int) -> SchemaMismatchError:
     )
 
 
-class _Precheck:
+class Precheck:
     """Payload sink for the checking pass: what the structural validation cannot see.
 
     Integer tensors' values must convert exactly, and the copies of a tied tensor must
@@ -220,7 +220,7 @@ class _Precheck:
             if record in self.originals:
                 self.digests[record] = digest
             elif self.digests[self.copies[record]] != digest:
-                raise _tie_conflict(self.named, record, self.copies[record])
+                raise tie_conflict(self.named, record, self.copies[record])
 
 
 class _Installer:
@@ -294,13 +294,13 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
         from . import sharded_state
 
         return sharded_state.load_module_state(module_or_tensors, path)
-    named = _float32_state(module_or_tensors)
+    named = float32_named_state(module_or_tensors)
     for name, t in named:
         check_convertible(t.dtype, torch.float32, name)
     shapes = [tuple(t.shape) for _, t in named]
     staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
-    copies = _tied_copies(named)
-    precheck = _Precheck(named, copies, staging)
+    copies = tied_copies(named)
+    precheck = Precheck(named, copies, staging)
     with _opened(path) as f:
         layout = validate_float32_state(f, shapes)
         if any(precheck.needs(i) for i in range(len(named))):
@@ -308,7 +308,7 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
         read_float32_payloads(f, layout, _Installer(named, copies, staging))
 
 
-def _bits_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, torch.dtype, str]:
+def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, torch.dtype, str]:
     named = state_tensors(module_or_tensors)
     dtype = file_dtype_of(named) or DEFAULT_BITS_DTYPE
     return named, dtype, encoding_of(dtype, "model state")
@@ -342,7 +342,7 @@ def save_state_bits(
         from . import sharded_state
 
         return sharded_state.save_state_bits(module_or_tensors, path, pretty)
-    named, dtype, encoding = _bits_state(module_or_tensors)
+    named, dtype, encoding = bits_named_state(module_or_tensors)
     arrays = []
     for name, t in named:
         values = to_file_dtype(t.detach(), dtype, name).cpu().contiguous()
@@ -374,14 +374,14 @@ def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> Non
         from . import sharded_state
 
         return sharded_state.load_state_bits(module_or_tensors, path)
-    named, dtype, encoding = _bits_state(module_or_tensors)
+    named, dtype, encoding = bits_named_state(module_or_tensors)
     for name, t in named:
         check_convertible(t.dtype, dtype, name)
     arrays = read_state_bits(path, [tuple(t.shape) for _, t in named], encoding)
-    copies = _tied_copies(named)
+    copies = tied_copies(named)
     for i, j in copies.items():
         if arrays[i].tobytes() != arrays[j].tobytes():
-            raise _tie_conflict(named, i, j)
+            raise tie_conflict(named, i, j)
     sources = []
     for (name, t), array in zip(named, arrays):
         values = from_host(array, dtype).reshape(t.shape)

@@ -33,7 +33,7 @@ class MissingRandomCounterWarning(UserWarning):
     sampling) cannot resume exactly where it stopped."""
 
 
-def _host_moment(t: torch.Tensor, staging: HostBuffer) -> np.ndarray:
+def host_moment(t: torch.Tensor, staging: HostBuffer) -> np.ndarray:
     t = t.detach()
     if t.device.type == "cpu":
         return t.reshape(-1).numpy()  # a view of the live moment unless it was strided
@@ -59,8 +59,8 @@ class _LiveEntries(Mapping[int, AdamEntry]):
             raise KeyError(slot)
         return AdamEntry(
             self.steps[slot],
-            _host_moment(state["exp_avg"], self.m_host),
-            _host_moment(state["exp_avg_sq"], self.v_host),
+            host_moment(state["exp_avg"], self.m_host),
+            host_moment(state["exp_avg_sq"], self.v_host),
         )
 
     def __iter__(self) -> Iterator[int]:
@@ -70,7 +70,7 @@ class _LiveEntries(Mapping[int, AdamEntry]):
         return len(self.steps)
 
 
-def _checked_steps(binding: AdamBinding) -> dict[int, int]:
+def checked_steps(binding: AdamBinding) -> dict[int, int]:
     """Each representative slot's step, after checking its state is complete and typed."""
     slots, state = binding.slots, binding.optimizer.state
     owners = slots.schema.representative_slots
@@ -145,7 +145,7 @@ def save_optimizer(
 
         return sharded_optimizer.save_optimizer(optimizer, module_or_params, path, random_counter)
     binding = bind_adam(optimizer, module_or_params)
-    steps = _checked_steps(binding)
+    steps = checked_steps(binding)
     return write_adam(
         path,
         binding.slots.schema,
@@ -183,7 +183,7 @@ class _MomentSink:
         return host.to(device, copy=True)  # leaves the pinned buffer free for the next one
 
 
-def _shaped_like(flat: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+def shaped_like(flat: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     # Adam creates its moments with zeros_like(p, memory_format=preserve_format): keep the
     # parameter's layout (channels_last, ...) so the optimizer sees what it would have made.
     values = flat.view(param.shape)
@@ -203,11 +203,16 @@ def _plan(binding: AdamBinding, entries: dict[int, AdamEntry]) -> dict[torch.Ten
             raise CheckpointError(f"{slots.label(i)} has no param group")
         by_param[id(p)] = {
             "step": step_tensor(group, p, entry.step, f"{slots.label(i)} step"),
-            "exp_avg": _shaped_like(entry.m, p),
-            "exp_avg_sq": _shaped_like(entry.v, p),
+            "exp_avg": shaped_like(entry.m, p),
+            "exp_avg_sq": shaped_like(entry.v, p),
         }
+    return in_group_order(binding.optimizer, by_param)
+
+
+def in_group_order(optimizer: torch.optim.Optimizer, by_param: dict[int, dict]) -> dict:
+    """The replacement state keyed by parameter, in param-group order (as torch keeps it)."""
     plan: dict[torch.Tensor, dict] = {}
-    for group in binding.optimizer.param_groups:
+    for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) in by_param:
                 plan[p] = by_param[id(p)]

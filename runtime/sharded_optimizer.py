@@ -40,8 +40,14 @@ from .collectives import (
     share_verdict,
 )
 from .dtensors import fingerprint, is_dtensor, like_dtensor, spec_of
-from .optimizer import MissingRandomCounterWarning, _checked_steps, _host_moment, _shaped_like
-from .sharded_state import _handle
+from .optimizer import (
+    MissingRandomCounterWarning,
+    checked_steps,
+    host_moment,
+    in_group_order,
+    shaped_like,
+)
+from .sharded_state import open_handle
 from .slots import ModuleOrParams
 from .tensors import HostBuffer
 
@@ -85,8 +91,8 @@ class _GatheredEntries(Mapping[int, AdamEntry]):
         if slot not in self.steps:
             raise KeyError(slot)
         k = self.first_item[slot]
-        m = _host_moment(self.stream.take(k), self.m_host)
-        v = _host_moment(self.stream.take(k + 1), self.v_host)
+        m = host_moment(self.stream.take(k), self.m_host)
+        v = host_moment(self.stream.take(k + 1), self.v_host)
         return AdamEntry(self.steps[slot], m, v)
 
     def __iter__(self) -> Iterator[int]:
@@ -115,7 +121,7 @@ def save_optimizer(
     try:
         binding = bind_adam(optimizer, module_or_params)
         _check_meshes(binding)
-        steps = _checked_steps(binding)
+        steps = checked_steps(binding)
         state = binding.optimizer.state
         described = []
         for slot, step in steps.items():
@@ -196,18 +202,13 @@ def _plan(
         moments = []
         for field in _FIELDS:
             part = parts[(i, field)]
-            moments.append(like_dtensor(part, p) if is_dtensor(p) else _shaped_like(part, p))
+            moments.append(like_dtensor(part, p) if is_dtensor(p) else shaped_like(part, p))
         by_param[id(p)] = {
             "step": step_tensor(group, p, steps[i], f"{slots.label(i)} step"),
             "exp_avg": moments[0],
             "exp_avg_sq": moments[1],
         }
-    plan: dict[torch.Tensor, dict] = {}
-    for group in binding.optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) in by_param:
-                plan[p] = by_param[id(p)]
-    return plan
+    return in_group_order(binding.optimizer, by_param)
 
 
 def load_optimizer(
@@ -231,7 +232,7 @@ def load_optimizer(
             _check_meshes(binding)
             layout = _layout("load", binding, restore_random_counter)
             if is_writer():
-                f, start = stack.enter_context(_handle(path))
+                f, start = stack.enter_context(open_handle(path))
                 order = _Order()
                 checkpoint = read_adam(
                     f,

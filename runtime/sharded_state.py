@@ -42,12 +42,12 @@ from .dtensors import fingerprint, local_tensor, spec_of
 from .module_state import (
     ModuleOrTensors,
     NamedTensors,
-    _bits_state,
-    _float32_state,
-    _host_float32,
-    _Precheck,
-    _tie_conflict,
-    _tied_copies,
+    Precheck,
+    bits_named_state,
+    float32_named_state,
+    host_float32,
+    tie_conflict,
+    tied_copies,
 )
 from .tensors import (
     HostBuffer,
@@ -67,7 +67,7 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def _handle(path: PathOrFile) -> Iterator[tuple[BinaryIO, int]]:
+def open_handle(path: PathOrFile) -> Iterator[tuple[BinaryIO, int]]:
     """One open handle for both passes of the writer's read, and where the file starts."""
     if isinstance(path, (str, os.PathLike)):
         with open(path, "rb") as f:
@@ -103,7 +103,7 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     error: BaseException | None = None
     layout = b""
     try:
-        named = _float32_state(module_or_tensors)
+        named = float32_named_state(module_or_tensors)
         _check_local(named)
         for name, t in named:
             if t.dtype != torch.float32:  # each rank vouches for its own shard's values
@@ -116,7 +116,7 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     stream = GatherStream([t for _, t in named], lanes=1)
     if is_writer():
         staging = HostBuffer(pin=_on_cuda(named))
-        arrays = (_host_float32(stream.take(i), name, staging) for i, (name, _) in enumerate(named))
+        arrays = (host_float32(stream.take(i), name, staging) for i, (name, _) in enumerate(named))
         try:
             write_float32_state(path, arrays, count=len(named))
         except Exception as exc:
@@ -168,19 +168,19 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     layout = b""
     with contextlib.ExitStack() as stack:
         try:
-            named = _float32_state(module_or_tensors)
+            named = float32_named_state(module_or_tensors)
             _check_local(named)
             for name, t in named:
                 check_convertible(t.dtype, torch.float32, name)
-            copies = _tied_copies(named)
+            copies = tied_copies(named)
             layout = _layout("TLSF32B load", named, copies)
             if is_writer():
                 # The first pass, on rank 0 only: the whole file, nothing live touched.
                 shapes = [tuple(t.shape) for _, t in named]
                 staging = HostBuffer(pin=_on_cuda(named))
-                f, _ = stack.enter_context(_handle(path))
+                f, _ = stack.enter_context(open_handle(path))
                 payloads = validate_float32_state(f, shapes)
-                precheck = _Precheck(named, copies, staging)
+                precheck = Precheck(named, copies, staging)
                 if any(precheck.needs(i) for i in range(len(named))):
                     read_float32_payloads(f, payloads, precheck)
         except Exception as exc:
@@ -210,7 +210,7 @@ def save_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile, pretty
     error: BaseException | None = None
     layout = b""
     try:
-        named, dtype, encoding = _bits_state(module_or_tensors)
+        named, dtype, encoding = bits_named_state(module_or_tensors)
         _check_local(named)
         for name, t in named:
             to_file_dtype(local_tensor(t), dtype, name)  # each rank checks its own values
@@ -243,17 +243,17 @@ def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> Non
     error: BaseException | None = None
     layout = b""
     try:
-        named, dtype, encoding = _bits_state(module_or_tensors)
+        named, dtype, encoding = bits_named_state(module_or_tensors)
         _check_local(named)
         for name, t in named:
             check_convertible(t.dtype, dtype, name)
-        copies = _tied_copies(named)
+        copies = tied_copies(named)
         layout = _layout(f"bits load {encoding}", named, copies)
         if is_writer():
             arrays = read_state_bits(path, [tuple(t.shape) for _, t in named], encoding)
             for i, j in copies.items():
                 if arrays[i].tobytes() != arrays[j].tobytes():
-                    raise _tie_conflict(named, i, j)
+                    raise tie_conflict(named, i, j)
             for (name, t), array in zip(named, arrays):
                 values = from_host(array, dtype).reshape(t.shape)
                 sources.append(from_file_dtype(values, t.dtype, name))
