@@ -205,12 +205,7 @@ def _records(arrays: Iterable[Any]):
     for i, array in enumerate(arrays):
         _check_array(i, array)
         shape = array.shape
-        yield {
-            "rank": len(shape),
-            "dims": list(shape),
-            "element_count": product(shape),
-            "payload": array,
-        }
+        yield {"rank": len(shape), "dims": shape, "element_count": array.size, "payload": array}
 
 
 def write_float32_state(

@@ -11,10 +11,15 @@ included.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
 
-__all__ = ["gc_paused"]
+__all__ = ["gc_paused", "without_gc"]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @contextlib.contextmanager
@@ -27,3 +32,14 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def without_gc(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Decorator: run ``fn`` with the cyclic collector paused (see :func:`gc_paused`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with gc_paused():
+            return fn(*args, **kwargs)
+
+    return wrapper

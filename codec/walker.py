@@ -462,9 +462,7 @@ class _Builder:
     def record(self, step: Records, item: Any, parent: Container, path: Path) -> None:
         """Write one record whose header bytes may already be known from an earlier one."""
         try:
-            key = tuple(
-                tuple(item[name]) if is_array else item[name] for name, is_array in step.header
-            )
+            key = tuple([tuple(item[n]) if array else item[n] for n, array in step.header])
             header = self.headers.get(key)
         except (KeyError, TypeError):  # missing or unhashable values: the slow path says why
             key, header = None, None
@@ -480,16 +478,20 @@ class _Builder:
             header = scratch.getvalue()
             if key is not None:
                 self.headers[key] = header
-        self.write(header)
-        if step.simple_tail and isinstance(item, dict):
-            tails = nested.steps[step.prefix :]
-            try:  # the payloads need nothing but the record's own fields
-                resolved = [tail.payload.resolve(item) for tail in tails]
-            except (KeyError, AttributeError):
-                resolved = None
-            if resolved is not None and all(tail.name in item for tail in tails):
-                for tail, (count, dtype) in zip(tails, resolved):
-                    self.payload_array(item[tail.name], count, dtype, (*path, tail.name))
+        self.out.write(header)
+        self.pos += len(header)
+        if step.simple_tail and type(item) is dict:
+            # The payloads need nothing but the record's own fields: no context to build.
+            try:
+                tails = [
+                    (tail.name, *tail.payload.resolve(item), item[tail.name])
+                    for tail in nested.steps[step.prefix :]
+                ]
+            except KeyError:  # not all there: the general path below says which
+                tails = None
+            if tails is not None:
+                for name, count, dtype, array in tails:
+                    self.payload_array(array, count, dtype, (*path, name))
                 return
         self.struct(nested.struct, nested.steps, item, parent, path, start=step.prefix)
 

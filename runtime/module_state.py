@@ -28,9 +28,10 @@ from ..codec.float32_state import (
     validate_float32_state,
     write_float32_state,
 )
+from ..codec.gcpause import without_gc
 from ..codec.source import PathOrFile
 from ..codec.state_bits import read_state_bits, write_state_bits
-from .dtensors import reusable, sharded
+from .dtensors import local_tensor, reusable, sharded
 from .slots import view_key
 from .tensors import (
     HostBuffer,
@@ -128,6 +129,7 @@ def host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
     return host.numpy().reshape(t.shape)
 
 
+@without_gc
 def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Write a float32 model's state as a ``TLSF32B`` file (atomically for a path).
 
@@ -168,13 +170,20 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
 def tied_copies(named: NamedTensors) -> dict[int, int]:
     """State index → the earlier index holding the very same tensor view (tied weights are
     in ``state_dict`` once per place they are registered)."""
-    first: dict[tuple, int] = {}
-    copies: dict[int, int] = {}
+    # Two views can only be the same if they start at the same address: bucket by that
+    # (cheap) and compare full view keys within the rare buckets of more than one tensor.
+    by_address: dict[int, list[int]] = {}
     for i, (_, t) in enumerate(named):
         if t.numel():
-            j = first.setdefault(view_key(t), i)
-            if j != i:
-                copies[i] = j
+            by_address.setdefault(local_tensor(t).data_ptr(), []).append(i)
+    copies: dict[int, int] = {}
+    for candidates in by_address.values():
+        if len(candidates) > 1:
+            first: dict[tuple, int] = {}
+            for i in candidates:
+                j = first.setdefault(view_key(named[i][1]), i)
+                if j != i:
+                    copies[i] = j
     return copies
 
 
@@ -241,13 +250,13 @@ class _Installer:
             return None  # its original was written already, and the check pass saw they agree
         t = self.named[record][1]
         self.direct = (
-            t.device.type == "cpu"
+            t.is_cpu
             and t.dtype == torch.float32
             and t.is_contiguous()
             and not t.is_neg()  # a lazily negated view has no plain memory to read into
         )
         if self.direct:
-            return t.detach().view(-1).numpy()
+            return t.detach().numpy()  # the tensor's own memory; readinto fills it
         return self.staging.array(count, dtype)
 
     def done(self, record: int, field: str, buffer: Any) -> None:
@@ -263,6 +272,7 @@ class _Installer:
             t.copy_(values)
 
 
+@without_gc
 def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Load a ``TLSF32B`` file into a float32 model, in place, all or nothing.
 
@@ -314,6 +324,7 @@ def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, 
     return named, dtype, encoding_of(dtype, "model state")
 
 
+@without_gc
 def save_state_bits(
     module_or_tensors: ModuleOrTensors, path: PathOrFile, *, pretty: bool = True
 ) -> None:
@@ -350,6 +361,7 @@ def save_state_bits(
     write_state_bits(path, arrays, encoding, pretty=pretty)
 
 
+@without_gc
 def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Load exact-bits JSON state into the model in place, all or nothing.
 

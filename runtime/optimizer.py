@@ -19,6 +19,7 @@ import torch
 
 from ..codec.adam import AdamEntry, read_adam, write_adam
 from ..codec.errors import CheckpointError, ConfigError, EntryError
+from ..codec.gcpause import without_gc
 from ..codec.source import PathOrFile
 from .adam_binding import AdamBinding, bind_adam, step_tensor, step_value
 from .dtensors import reusable, sharded
@@ -103,6 +104,7 @@ def checked_steps(binding: AdamBinding) -> dict[int, int]:
     return steps
 
 
+@without_gc
 def save_optimizer(
     optimizer: torch.optim.Optimizer,
     module_or_params: ModuleOrParams,
@@ -219,6 +221,7 @@ def in_group_order(optimizer: torch.optim.Optimizer, by_param: dict[int, dict]) 
     return plan
 
 
+@without_gc
 def load_optimizer(
     optimizer: torch.optim.Optimizer,
     module_or_params: ModuleOrParams,
