@@ -46,6 +46,12 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def _name_destination(exc: OSError, dest: str) -> None:
+    """Make the error name the destination the caller asked for: the OS names the
+    temporary (removed by now), the folder, or nothing at all."""
+    exc.filename = dest
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a binary file; on clean exit it atomically becomes ``path``.
@@ -62,7 +68,13 @@ def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
     """
     dest = os.path.abspath(os.fspath(path))
     folder, name = os.path.split(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}{_MARK}", suffix=TEMP_SUFFIX, dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f"{TEMP_PREFIX}{name}{_MARK}", suffix=TEMP_SUFFIX, dir=folder
+        )
+    except OSError as exc:  # no such folder, read-only, full: say which destination
+        _name_destination(exc, dest)
+        raise
     try:
         try:
             mode = os.stat(dest).st_mode & 0o7777
@@ -75,12 +87,20 @@ def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        # Errors of our own writing name nothing or the temporary; an error about some
+        # other file (raised by the caller's code inside the block) keeps its name.
+        if isinstance(exc, OSError) and exc.filename in (None, tmp):
+            _name_destination(exc, dest)
         raise
     if durable:
-        _fsync_dir(folder)
+        try:
+            _fsync_dir(folder)
+        except OSError as exc:  # the new file is in place; its rename may not be durable yet
+            _name_destination(exc, dest)
+            raise
 
 
 @contextlib.contextmanager

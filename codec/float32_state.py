@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -14,7 +16,12 @@ from ..formats.framing import FLOAT32_STATE_MAGIC
 from ..formats.primitives import product
 from .adam import PayloadSink
 from .atomic import output
-from .errors import CheckpointError, SchemaMismatchError, UnsupportedFormatError
+from .errors import (
+    CheckpointError,
+    SchemaMismatchError,
+    TruncatedError,
+    UnsupportedFormatError,
+)
 from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
 from .schema_check import check_shape_field
@@ -142,6 +149,8 @@ class StateLayout:
 
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
+    size: int = 0
+    mtime_ns: int | None = None
 
 
 def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) -> StateLayout:
@@ -154,7 +163,18 @@ def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) ->
         The payloads' positions, for :func:`read_float32_payloads` on the same open file.
     """
     reader = _read(path, shapes, None, skip=True)
-    return StateLayout(tuple(reader.found), tuple(reader.offsets))
+    size, mtime = _file_state(path)
+    return StateLayout(tuple(reader.found), tuple(reader.offsets), size, mtime)
+
+
+def _file_state(path: PathOrFile) -> tuple[int, int | None]:
+    """Size and modification time of what is being read (the time where it has one)."""
+    with open_source(path) as src:
+        try:
+            mtime = os.fstat(src.file.fileno()).st_mtime_ns
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            mtime = None
+        return src.size, mtime
 
 
 def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink) -> None:
@@ -168,6 +188,17 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
         TruncatedError: the file shrank since it was validated.
         OSError: from the file system.
     """
+    size, mtime = _file_state(file)
+    if size != layout.size or mtime != layout.mtime_ns:
+        # Rewritten in place since the first pass (a non-atomic writer): its checks no
+        # longer hold. Refuse before the sink receives anything.
+        cls = TruncatedError if size < layout.size else CheckpointError
+        raise cls(
+            f"the file changed since it was validated ({layout.size} -> {size} bytes);"
+            " nothing was loaded",
+            actual=size,
+            expected=layout.size,
+        )
     with open_source(file) as src, gc_paused():
         for index, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets)):
             count = product(shape)
