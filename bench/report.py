@@ -507,8 +507,9 @@ def render_markdown(report: dict, png_name: str) -> str:
         f"{'' if resettable else ', NOT resettable here: lifetime peak, an upper bound'})"
         " minus VmRSS just before the operation, worst call (the untimed first one included);"
         " retained = VmRSS after"
-        " minus before. Workers run with `MALLOC_MMAP_THRESHOLD_=1 MiB` so freed tensors"
-        " return to the OS and every repetition starts from the same baseline."
+        " minus before. W1-W3 workers run with `MALLOC_MMAP_THRESHOLD_=1 MiB` so freed tensors"
+        " return to the OS and every repetition starts from the same baseline; W4 (no memory"
+        " goal) runs with the default allocator, as users have it."
         " GB/s = 10^9 payload bytes per second. After the timings each case zeroes its live"
         ' state, loads once more and checks the values ("NOT VERIFIED" flags a failure).',
         "",

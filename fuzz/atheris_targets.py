@@ -1,0 +1,111 @@
+"""atheris targets: one per reader (Adam, TLSF32B, exact-bits JSON, ``inspect``).
+
+Each target is a function of the fuzzer's bytes that may return or raise
+:class:`~tlckpt.codec.CheckpointError`; anything else is a crash. A ``CheckpointError`` that
+says "internal error" (the fast and interpreted parsers disagreeing) is a crash too.
+
+The destination-reading targets take their first byte as a selector: bit 7 runs the reader
+under :func:`tlckpt.codec.walker.interpreted` (construct's field-by-field parser instead of
+the precompiled fast path); the low 7 bits pick a destination from the seed files'
+destinations, 0 meaning "no destination" (``scan_adam`` / ``scan_float32_state`` /
+``inspect_state_bits``). The seed corpus prefixes every file with its own destination,
+with 0, and with its own destination in interpreted mode.
+
+Nothing here may be imported before the runner has set up instrumentation; the runner
+imports this module inside ``atheris.instrument_imports``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+from .seeds import Seed, generated_seeds, vector_seeds
+
+TARGETS = ("adam", "tlsf32", "json", "inspect")
+#: Largest seed put in a corpus (libFuzzer's -max_len is set to this too).
+MAX_LEN = 16384
+
+_KIND = {"adam": "adam", "tlsf32": "float32_state", "json": "state_bits", "inspect": None}
+
+
+def target_seeds(target: str) -> list[Seed]:
+    """The seeds whose destinations a target selects from (deterministic order)."""
+    kind = _KIND[target]
+    seeds = [s for s in vector_seeds() + generated_seeds() if len(s.data) <= MAX_LEN]
+    return [s for s in seeds if kind is None or s.kind == kind]
+
+
+def corpus(target: str) -> list[bytes]:
+    """Seed corpus entries for ``target`` (selector byte included where it takes one)."""
+    seeds = target_seeds(target)
+    if target == "inspect":
+        return [s.data for s in seeds]
+    out = []
+    for k, s in enumerate(seeds):
+        own = (k % 127) + 1
+        out += [bytes([own]) + s.data, bytes([0]) + s.data, bytes([0x80 | own]) + s.data]
+    return out
+
+
+class InternalError(AssertionError):
+    """The library reported an internal inconsistency: a bug, not a rejection."""
+
+
+def make_target(target: str) -> Callable[[bytes], None]:
+    """The function atheris calls for ``target``."""
+    from tlckpt.codec import (
+        CheckpointError,
+        inspect,
+        read_adam,
+        read_float32_state,
+        read_state_bits,
+        scan_adam,
+        scan_float32_state,
+    )
+    from tlckpt.codec.state_bits import inspect_state_bits
+    from tlckpt.codec.walker import interpreted
+
+    dests = [s.dest for s in target_seeds(target)]
+
+    def checked(call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except CheckpointError as exc:
+            if "internal error" in str(exc):
+                raise InternalError(str(exc)) from exc
+
+    if target == "inspect":
+        return lambda data: checked(lambda: inspect(io.BytesIO(data)))
+
+    def one(data: bytes) -> None:
+        if not data:
+            return
+        sel, body = data[0], io.BytesIO(data[1:])
+        k = (sel & 0x7F) % (len(dests) + 1)
+        mode = interpreted() if sel & 0x80 else contextlib.nullcontext()
+        d = dests[k - 1] if k else None
+        with mode:
+            if target == "adam":
+                if d is None:
+                    checked(lambda: scan_adam(body))
+                else:
+                    config = d.get("expected_config")
+                    checked(
+                        lambda: read_adam(
+                            body, d["schema"], dtype=d["dtype"], expected_config=config
+                        )
+                    )
+            elif target == "tlsf32":
+                if d is None:
+                    checked(lambda: scan_float32_state(body))
+                else:
+                    checked(lambda: read_float32_state(body, d["shapes"]))
+            elif d is None:
+                checked(lambda: inspect_state_bits(body))
+            else:
+                checked(lambda: read_state_bits(body, d["shapes"], d["encoding"]))
+
+    return one

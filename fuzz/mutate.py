@@ -1,0 +1,594 @@
+"""Mutation campaign: every seed mutated systematically, then at random, within bounds.
+
+Run from the repository root::
+
+    python -m fuzz.mutate --minutes 10          # systematic set, then random until 10 min
+    python -m fuzz.mutate --systematic-only     # exactly the systematic set, no time limit
+    python -m fuzz.mutate --quick               # the CI sample (a few thousand cases)
+
+Seeds are every conformance vector (``<repo>/../shared/vectors``) and larger generated files
+of every format and version (:mod:`fuzz.seeds`). Each mutated input is read by the seed's
+destination reader (``read_adam`` / ``read_float32_state`` / ``read_state_bits`` with the
+destination the manifest gives) and by ``inspect``. Every read must end in success or a
+``CheckpointError``, within 1 s and 64 MiB of peak growth (traced allocations and peak RSS,
+see :mod:`fuzz.bounds`) for an input of at most 1 MiB (the few larger inputs get the bounds
+scaled per started MiB).
+
+Cases run in forked worker processes, one case at a time, so that a hang or a crash is
+caught (the parent kills a worker that makes no progress for ``--hang-seconds``), memory is
+measured per case, and the address space of a worker is capped (a runaway allocation fails
+there as a ``MemoryError``, recorded as an escape). Escapes and bound violations are saved
+under ``--out`` (``fuzz/out/mutate`` by default) with the seed, mutation and traceback.
+
+Exit status: 0 if there was no escape and no bound violation, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from .bounds import TIME_BOUND_S, MiB, Outcome, limit_address_space, measure, retime
+from .mutators import apply, describe, field_map, random_specs, systematic
+from .seeds import FORMAT_KEYS, REPO, Seed, all_seeds, generated_seeds, readers, vector_seeds
+
+DEFAULT_OUT = REPO / "fuzz" / "out" / "mutate"
+
+# ------------------------------------------------------------------------------ worker
+
+
+def _worker(conn: Any, progress: Any, seeds: list[Seed], address_space: int) -> None:
+    limit_address_space(address_space)
+    tracemalloc.start()
+    by_seed: dict[int, list] = {}
+    cache: dict = {}
+    while True:
+        batch = conn.recv()
+        if batch is None:
+            return
+        results = []
+        for case_id, seed_idx, spec in batch:
+            progress.value = case_id
+            seed = seeds[seed_idx]
+            data = apply(seed.data, spec, cache)
+            if seed_idx not in by_seed:
+                by_seed[seed_idx] = readers(seed)
+            outcomes = [measure(label, fn, data) for label, fn in by_seed[seed_idx]]
+            bad = any(o.status == "escape" or o.bound_violations(len(data)) for o in outcomes)
+            results.append((case_id, len(data), outcomes, data if bad else None))
+        conn.send(results)
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Any
+    progress: Any
+    batch: list = field(default_factory=list)
+    last_progress: int = -1
+    last_change: float = 0.0
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+@dataclass
+class Worst:
+    value: float = 0.0
+    seed: str = ""
+    reader: str = ""
+    mutation: str = ""
+    size: int = 0
+
+
+@dataclass
+class FormatStats:
+    seeds: int = 0
+    inputs: int = 0
+    reads: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    oserror: int = 0
+    escapes: int = 0
+    hangs: int = 0
+    time_violations: int = 0
+    memory_violations: int = 0
+    over_1mib: int = 0
+    unconfirmed_slow: int = 0
+    worst_time: Worst = field(default_factory=Worst)
+    worst_traced: Worst = field(default_factory=Worst)
+    worst_rss: Worst = field(default_factory=Worst)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class Campaign:
+    def __init__(self, seeds: list[Seed], out: Path):
+        self.seeds = seeds
+        self.out = out
+        self.stats: dict[str, FormatStats] = defaultdict(FormatStats)
+        for s in seeds:
+            self.stats[s.fmt].seeds += 1
+        self.findings: list[dict[str, Any]] = []
+        self.disagreements: list[str] = []
+        self.disagreement_count = 0
+        self.cases: dict[int, tuple[int, tuple]] = {}
+        self.retime: list[tuple] = []
+
+    def record(self, case_id: int, size: int, outcomes: list[Outcome], data: bytes | None):
+        seed_idx, spec = self.cases.pop(case_id)
+        seed = self.seeds[seed_idx]
+        st = self.stats[seed.fmt]
+        st.inputs += 1
+        if size > MiB:
+            st.over_1mib += 1
+        status = {}
+        for o in outcomes:
+            st.reads += 1
+            status[o.reader] = o.status
+            if o.status == "accepted":
+                st.accepted += 1
+            elif o.status == "rejected":
+                st.rejected += 1
+                st.errors[o.error or "?"] = st.errors.get(o.error or "?", 0) + 1
+            elif o.status == "oserror":
+                st.oserror += 1
+            else:
+                st.escapes += 1
+            violations = o.bound_violations(size)
+            st.time_violations += "time" in violations
+            st.memory_violations += "memory" in violations
+            for attr, value in (
+                ("worst_time", o.seconds),
+                ("worst_traced", o.traced_peak),
+                ("worst_rss", o.rss_growth),
+            ):
+                worst = getattr(st, attr)
+                if value > worst.value:
+                    setattr(st, attr, Worst(value, seed.name, o.reader, describe(spec), size))
+            if o.status == "escape" or violations:
+                finding = self._finding(
+                    seed, spec, o.reader, o.status, o.error, o.detail, data, size, violations, o
+                )
+                if violations == ["time"] and o.status != "escape":
+                    self.retime.append((seed_idx, spec, o.reader, finding))
+        others = [k for k in status if k != "inspect"]
+        if others and status[others[0]] == "accepted" and status.get("inspect") == "rejected":
+            self.disagreement_count += 1
+            if len(self.disagreements) < 10:
+                self.disagreements.append(f"{seed.name} {describe(spec)}")
+
+    def hang(self, case_id: int, what: str, seconds: float) -> None:
+        seed_idx, spec = self.cases.pop(case_id)
+        seed = self.seeds[seed_idx]
+        data = apply(seed.data, spec, {})
+        st = self.stats[seed.fmt]
+        st.inputs += 1
+        st.reads += 1
+        st.escapes += 1
+        st.hangs += 1
+        self._finding(
+            seed,
+            spec,
+            "?",
+            "escape",
+            what,
+            f"{what} after {seconds:.0f} s",
+            data,
+            len(data),
+            ["time"],
+            None,
+        )
+
+    def _finding(self, seed, spec, reader, status, error, detail, data, size, violations, o):
+        digest = hashlib.sha1(data if data is not None else b"").hexdigest()[:12]
+        name = f"{seed.fmt.replace(' ', '_')}-{digest}"
+        self.out.mkdir(parents=True, exist_ok=True)
+        if data is not None:
+            (self.out / f"{name}.bin").write_bytes(data)
+        finding = {
+            "file": f"{name}.bin",
+            "seed": seed.name,
+            "format": seed.fmt,
+            "mutation": describe(spec),
+            "reader": reader,
+            "status": status,
+            "error": error,
+            "violations": violations,
+            "size": size,
+            "seconds": None if o is None else o.seconds,
+            "traced_peak": None if o is None else o.traced_peak,
+            "rss_growth": None if o is None else o.rss_growth,
+            "detail": detail,
+        }
+        (self.out / f"{name}.json").write_text(json.dumps(finding, indent=1))
+        if len(self.findings) < 200:
+            self.findings.append(finding)
+        return finding
+
+    def confirm_times(self, runs: int = 5) -> None:
+        """Re-time each time-bound violation in this (idle) process, best of ``runs``; one
+        that then meets the bound was CPU contention on a shared machine, and is reported as
+        such instead of as a violation."""
+        for seed_idx, spec, reader, finding in self.retime:
+            seed = self.seeds[seed_idx]
+            data = apply(seed.data, spec, {})
+            fn = dict(readers(seed))[reader]
+            best = retime(fn, data, runs)
+            finding["confirmed_seconds"] = best
+            scale = max(1, -(-len(data) // MiB))
+            if best <= TIME_BOUND_S * scale:
+                finding["violations"] = []
+                finding["status"] += " (time violation not confirmed on re-timing)"
+                st = self.stats[seed.fmt]
+                st.time_violations -= 1
+                st.unconfirmed_slow += 1
+
+
+# ------------------------------------------------------------------------------ scheduling
+
+
+def _seed_streams(seeds: list[Seed], quick: int | None, rng: random.Random) -> list[Iterator]:
+    streams = []
+    for i, seed in enumerate(seeds):
+        if seed.origin == "crafted":  # slow to map on purpose: read as is, cut, extended
+            n = len(seed.data)
+            streams.append(iter([("none",), ("trunc", n - 1), ("replace", n, n, b"\0")]))
+            continue
+        specs = systematic(seed.data, seed.binary, seed=i)
+        if quick is not None and seed.origin != "vector":
+            cap = max(1, quick // 10)
+        elif quick is not None:
+            cap = min(quick, seed.cap or quick)
+        else:
+            cap = seed.cap
+        if cap is not None:
+            specs_list = list(specs)
+            keep = specs_list[:1] + rng.sample(specs_list[1:], min(cap, len(specs_list) - 1))
+            specs = iter(keep)
+        streams.append(specs)
+    return streams
+
+
+def _schedule(seeds: list[Seed], streams: list[Iterator], chunk: int) -> Iterator[tuple]:
+    """Round-robin over the seeds' systematic streams, ``chunk`` specs at a time."""
+    live = list(range(len(seeds)))
+    while live:
+        for i in list(live):
+            stream = streams[i]
+            for _ in range(chunk if len(seeds[i].data) <= 65536 else max(1, chunk // 10)):
+                try:
+                    yield i, next(stream)
+                except StopIteration:
+                    live.remove(i)
+                    break
+
+
+def _random_phase(seeds: list[Seed], rng: random.Random) -> Iterator[tuple]:
+    maps = {i: field_map(s.data) if s.binary else None for i, s in enumerate(seeds)}
+    while True:
+        i = rng.randrange(len(seeds))
+        yield i, random_specs(seeds[i].data, seeds[i].binary, rng, maps[i])
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    if args.vectors_only:
+        seeds = vector_seeds()
+    elif args.quick:  # CI: no max-record or crafted seeds (slow by design; own tests)
+        seeds = vector_seeds() + generated_seeds()
+    else:
+        seeds = all_seeds()
+    if args.seeds:
+        seeds = [s for s in seeds if args.seeds in s.name]
+    if not seeds:
+        print("no seeds selected", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    campaign = Campaign(seeds, out)
+    rng = random.Random(args.random_seed)
+    quick = args.quick_per_seed if args.quick else None
+    streams = _seed_streams(seeds, quick, rng)
+    source = _schedule(seeds, streams, chunk=50)
+    deadline = None if args.minutes is None else t0 + 60 * args.minutes
+    phase = "systematic"
+    systematic_done = False
+
+    ctx = mp.get_context("fork")
+    workers: list[_Worker] = []
+
+    def spawn() -> _Worker:
+        parent, child = ctx.Pipe()
+        progress = ctx.Value("q", -1, lock=False)
+        p = ctx.Process(
+            target=_worker, args=(child, progress, seeds, args.address_space * MiB), daemon=True
+        )
+        p.start()
+        child.close()
+        return _Worker(p, parent, progress, last_change=time.monotonic())
+
+    for _ in range(args.jobs):
+        workers.append(spawn())
+
+    next_id = 0
+    exhausted = False
+
+    def fill(w: _Worker) -> None:
+        nonlocal next_id, exhausted, source, phase, systematic_done
+        batch = []
+        budget = 0
+        while budget < args.batch_bytes and len(batch) < 200 and not exhausted:
+            if deadline is not None and time.monotonic() > deadline:
+                exhausted = True
+                break
+            try:
+                seed_idx, spec = next(source)
+            except StopIteration:
+                if phase == "systematic":
+                    systematic_done = True
+                    if args.systematic_only or args.quick or deadline is None:
+                        exhausted = True
+                        break
+                    phase = "random"
+                    source = _random_phase(seeds, rng)
+                    continue
+                exhausted = True
+                break
+            campaign.cases[next_id] = (seed_idx, spec)
+            batch.append((next_id, seed_idx, spec))
+            budget += len(seeds[seed_idx].data) + 2000
+            next_id += 1
+        w.batch = batch
+        w.last_change = time.monotonic()
+        if batch:
+            w.conn.send(batch)
+
+    for w in workers:
+        fill(w)
+    interrupted = False
+    try:
+        _drive(workers, campaign, spawn, fill, args, t0, lambda: phase)
+    except KeyboardInterrupt:  # Ctrl-C: stop, and still report what ran
+        interrupted = True
+        for w in workers:
+            w.process.kill()
+    for w in workers:
+        if w.process.is_alive():
+            w.conn.send(None)
+        w.process.join(timeout=5)
+        if w.process.is_alive():
+            w.process.kill()
+    if not interrupted:
+        campaign.confirm_times()
+    elapsed = time.monotonic() - t0
+    report = _report(campaign, elapsed, systematic_done, phase, args)
+    report["interrupted"] = interrupted
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    _print(report, campaign)
+    bad = report["totals"]["escapes"] + report["totals"]["violations"]
+    return 1 if bad else 0
+
+
+def _drive(workers, campaign, spawn, fill, args, t0, phase) -> None:
+    """Collect results, refill workers, replace hung or dead ones, until no batch is out."""
+    last_report = time.monotonic()
+    while any(w.batch for w in workers):
+        ready = wait([w.conn for w in workers if w.batch], timeout=1.0)
+        now = time.monotonic()
+        for w in list(workers):
+            if not w.batch:
+                continue
+            if w.conn in ready:
+                try:
+                    results = w.conn.recv()
+                except (EOFError, ConnectionResetError):
+                    results = None
+                if results is not None:
+                    for case_id, size, outcomes, data in results:
+                        campaign.record(case_id, size, outcomes, data)
+                    fill(w)
+                    continue
+                # The worker died (segfault, OOM kill): blame the case it was on.
+                _replace(w, campaign, workers, spawn, "crash", now, fill)
+                continue
+            current = w.progress.value
+            if current != w.last_progress:
+                w.last_progress, w.last_change = current, now
+            elif now - w.last_change > args.hang_seconds:
+                _replace(w, campaign, workers, spawn, "hang", now, fill)
+        if now - last_report > 30 and not args.quiet:
+            done = sum(s.inputs for s in campaign.stats.values())
+            print(f"  ... {done} inputs, {now - t0:.0f} s, phase {phase()}", flush=True)
+            last_report = now
+
+
+def _replace(w, campaign, workers, spawn, what, now, fill) -> None:
+    """Kill a stuck or dead worker, blame its current case, resubmit the rest."""
+    current = w.progress.value
+    if w.process.is_alive():
+        w.process.kill()
+    w.process.join(timeout=5)
+    pending = [c for c in w.batch if c[0] in campaign.cases]
+    if any(c[0] == current for c in pending):
+        blamed = current
+    else:
+        blamed = pending[0][0] if pending else None
+    if blamed is not None:
+        campaign.hang(blamed, what, now - w.last_change)
+    rest = [c for c in pending if c[0] != blamed]
+    workers.remove(w)
+    fresh = spawn()
+    workers.append(fresh)
+    if rest:
+        fresh.batch = rest
+        fresh.conn.send(rest)
+    else:
+        fill(fresh)
+
+
+def _report(campaign: Campaign, elapsed: float, systematic_done: bool, phase: str, args) -> dict:
+    formats = {}
+    totals = defaultdict(int)
+    for key in FORMAT_KEYS:
+        st = campaign.stats.get(key)
+        if st is None or not st.seeds:
+            continue
+        d = asdict(st)
+        formats[key] = d
+        for k in (
+            "seeds",
+            "inputs",
+            "reads",
+            "accepted",
+            "rejected",
+            "oserror",
+            "escapes",
+            "hangs",
+            "time_violations",
+            "memory_violations",
+            "unconfirmed_slow",
+        ):
+            totals[k] += d[k]
+    totals["violations"] = totals["time_violations"] + totals["memory_violations"]
+    return {
+        "elapsed_s": round(elapsed, 1),
+        "mode": "quick" if args.quick else ("systematic-only" if args.systematic_only else "timed"),
+        "systematic_set_completed": systematic_done,
+        "last_phase": phase,
+        "formats": formats,
+        "totals": dict(totals),
+        "inspect_disagreements": campaign.disagreement_count,
+        "disagreement_examples": campaign.disagreements,
+        "findings": campaign.findings,
+    }
+
+
+def _print(report: dict, campaign: Campaign) -> None:
+    print(
+        f"\nmutation campaign: {report['elapsed_s']} s, mode {report['mode']}, systematic set "
+        f"{'completed' if report['systematic_set_completed'] else 'NOT completed'}"
+    )
+    head = (
+        f"{'format':<16}{'seeds':>6}{'inputs':>9}{'reads':>9}{'accepted':>10}{'rejected':>10}"
+        f"{'escapes':>9}{'slow':>6}{'mem':>5}{'worst s':>9}{'trace MiB':>10}{'rss MiB':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for key, d in report["formats"].items():
+        print(
+            f"{key:<16}{d['seeds']:>6}{d['inputs']:>9}{d['reads']:>9}{d['accepted']:>10}"
+            f"{d['rejected']:>10}{d['escapes']:>9}{d['time_violations']:>6}"
+            f"{d['memory_violations']:>5}{d['worst_time']['value']:>9.3f}"
+            f"{d['worst_traced']['value'] / MiB:>10.2f}{d['worst_rss']['value'] / MiB:>9.2f}"
+        )
+    t = report["totals"]
+    print("-" * len(head))
+    print(
+        f"{'total':<16}{t['seeds']:>6}{t['inputs']:>9}{t['reads']:>9}{t['accepted']:>10}"
+        f"{t['rejected']:>10}{t['escapes']:>9}{t['time_violations']:>6}"
+        f"{t['memory_violations']:>5}"
+    )
+    print("\nworst case per format (time / traced allocation / peak RSS growth):")
+    for key, d in report["formats"].items():
+        for label, attr, scale, unit in (
+            ("time", "worst_time", 1, "s"),
+            ("traced", "worst_traced", MiB, "MiB"),
+            ("rss", "worst_rss", MiB, "MiB"),
+        ):
+            w = d[attr]
+            print(
+                f"  {key:<14} {label:<7}{w['value'] / scale:>9.3f} {unit:<4}"
+                f"{w['seed']} [{w['reader']}] {w['mutation'][:70]} ({w['size']} B)"
+            )
+    if report["inspect_disagreements"]:
+        print(
+            f"\nnote: {report['inspect_disagreements']} input(s) accepted by the destination "
+            "reader but rejected by inspect, e.g.:"
+        )
+        for line in report["disagreement_examples"][:5]:
+            print(f"  {line}")
+    if t.get("unconfirmed_slow"):
+        print(
+            f"\nnote: {t['unconfirmed_slow']} read(s) passed {TIME_BOUND_S} s once but met the "
+            "bound when re-timed best-of-5 (CPU contention); not counted as violations"
+        )
+    real = [f for f in report["findings"] if f["violations"] or f["status"] == "escape"]
+    if real:
+        print(f"\nFINDINGS ({len(real)} shown; inputs saved in {campaign.out}):")
+        for f in real[:20]:
+            print(
+                f"  {f['format']} {f['seed']} [{f['reader']}] {f['status']} {f['error']} "
+                f"{f['violations']} {f['mutation'][:60]} -> {f['file']}"
+            )
+            if f["detail"]:
+                last = [ln for ln in f["detail"].strip().splitlines() if ln.strip()][-1]
+                print(f"      {last[:150]}")
+    else:
+        print("\nno escapes, no bound violations")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fuzz.mutate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="time budget; after the systematic set, random mutations fill it",
+    )
+    parser.add_argument(
+        "--systematic-only", action="store_true", help="stop after the systematic set"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI sample: --quick-per-seed random systematic cases per seed",
+    )
+    parser.add_argument(
+        "--quick-per-seed",
+        type=int,
+        default=30,
+        help="cases per vector seed in --quick (a tenth per generated seed)",
+    )
+    parser.add_argument("--vectors-only", action="store_true", help="only the vectors as seeds")
+    parser.add_argument("--seeds", default=None, help="only seeds whose name contains this")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--hang-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--address-space",
+        type=int,
+        default=3072,
+        help="MiB a worker may map beyond its start (default 3072)",
+    )
+    parser.add_argument("--batch-bytes", type=int, default=8 * MiB)
+    parser.add_argument("--random-seed", type=int, default=6)
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if args.minutes is None and not (args.systematic_only or args.quick):
+        args.minutes = 10.0
+    return run(args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
