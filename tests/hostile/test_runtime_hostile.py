@@ -190,3 +190,30 @@ def test_file_shrinking_between_the_two_passes_changes_nothing(
 
     monkeypatch.setattr(module_state, "validate_float32_state", validate_then_shrink)
     _assert_untouched(model, opt, lambda: tlckpt.load_module_state(model, path))
+
+
+def test_file_rewritten_in_place_between_the_passes_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same size, new bytes, written after the passes that check (structure, then the int64
+    counter's value) and before the copying pass: the counter becomes 0.5, which only the
+    copying pass could notice, after earlier tensors were copied."""
+    from tlckpt.runtime import module_state
+
+    model, opt = _trained()
+    path = tmp_path / "m.tlsf32"
+    write_float32_state(path, _state_arrays(model))
+    real = module_state.read_float32_payloads
+    calls = []
+
+    def payloads_then_rewrite(f, layout, sink):
+        calls.append(type(sink).__name__)
+        real(f, layout, sink)
+        if len(calls) == 1:  # after the checking pass: another writer rewrites the counter
+            with open(path, "r+b") as g:
+                g.seek(-4, 2)
+                g.write(np.array(0.5, np.float32).tobytes())
+
+    monkeypatch.setattr(module_state, "read_float32_payloads", payloads_then_rewrite)
+    _assert_untouched(model, opt, lambda: tlckpt.load_module_state(model, path))
+    assert len(calls) >= 1
