@@ -20,8 +20,8 @@ device for NCCL), so the same code runs on either; nothing is pickled.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import orjson
 import torch
@@ -32,8 +32,11 @@ from ..codec import errors as checkpoint_errors
 from ..codec.errors import CheckpointError, SchemaMismatchError
 from .dtensors import is_dtensor, local_tensor
 
+_T = TypeVar("_T")
+
 __all__ = [
     "WRITER",
+    "writer_runs",
     "rank",
     "world_size",
     "is_writer",
@@ -156,6 +159,28 @@ def _rebuild(description: bytes, source: int) -> BaseException:
             return cls(fields["text"])
         return cls(fields["errno"], fields["strerror"], fields["filename"])
     return CheckpointError(f"rank {source} failed: {name}: {fields['text']}")
+
+
+def writer_runs(stream: Any, work: Callable[[], _T]) -> _T | None:
+    """Collective: rank 0 runs ``work`` (which feeds or drains ``stream``) while every other
+    rank serves ``stream``; then all ranks agree — the same error is raised on every rank,
+    or all go on.
+
+    Returns:
+        ``work``'s result on rank 0, ``None`` on the others.
+    """
+    error: BaseException | None = None
+    result: _T | None = None
+    if is_writer():
+        try:
+            result = work()
+        except Exception as exc:  # reported to every rank by the verdict below
+            error = exc
+        stream.drain()
+    else:
+        stream.serve()
+    share_verdict(error or stream.error)
+    return result
 
 
 def share_verdict(error: BaseException | None, layout: bytes = b"") -> None:

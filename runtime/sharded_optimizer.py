@@ -38,6 +38,7 @@ from .collectives import (
     check_mesh,
     is_writer,
     share_verdict,
+    writer_runs,
 )
 from .dtensors import fingerprint, is_dtensor, like_dtensor, spec_of
 from .optimizer import (
@@ -136,19 +137,16 @@ def save_optimizer(
     share_verdict(error, layout)
 
     stream = GatherStream(moments, lanes=2)  # one entry is m and v of a parameter
-    version = -1
-    if is_writer():
-        try:
-            entries = _GatheredEntries(binding, steps, stream)
-            version = write_adam(
-                path, binding.slots.schema, binding.config, entries, random_counter
-            )
-        except Exception as exc:
-            error = exc
-        stream.drain()
-    else:
-        stream.serve()
-    share_verdict(error or stream.error)
+    version = writer_runs(
+        stream,
+        lambda: write_adam(
+            path,
+            binding.slots.schema,
+            binding.config,
+            _GatheredEntries(binding, steps, stream),
+            random_counter,
+        ),
+    )
     return int(broadcast_json(version))
 
 

@@ -37,6 +37,7 @@ from .collectives import (
     check_mesh,
     is_writer,
     share_verdict,
+    writer_runs,
 )
 from .dtensors import fingerprint, local_tensor, spec_of
 from .module_state import (
@@ -114,17 +115,13 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     share_verdict(error, layout)
 
     stream = GatherStream([t for _, t in named], lanes=1)
-    if is_writer():
+
+    def write() -> None:
         staging = HostBuffer(pin=_on_cuda(named))
         arrays = (host_float32(stream.take(i), name, staging) for i, (name, _) in enumerate(named))
-        try:
-            write_float32_state(path, arrays, count=len(named))
-        except Exception as exc:
-            error = exc
-        stream.drain()
-    else:
-        stream.serve()
-    share_verdict(error or stream.error)
+        write_float32_state(path, arrays, count=len(named))
+
+    writer_runs(stream, write)
 
 
 class _Sender:
@@ -188,15 +185,10 @@ def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
         share_verdict(error, layout)  # go / no-go, the same on every rank
 
         stream = ScatterStream([named[i][1] for i in _sent(named, copies)])
-        if is_writer():
-            try:
-                read_float32_payloads(f, payloads, _Sender(named, copies, staging, stream))
-            except Exception as exc:
-                error = exc
-            stream.drain()
-        else:
-            stream.serve()
-        share_verdict(error or stream.error)
+        writer_runs(
+            stream,
+            lambda: read_float32_payloads(f, payloads, _Sender(named, copies, staging, stream)),
+        )
     _commit(stream)
 
 
@@ -220,19 +212,15 @@ def save_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile, pretty
     share_verdict(error, layout)
 
     stream = GatherStream([t for _, t in named], lanes=None)  # the writer keeps them all
-    if is_writer():
-        try:
-            arrays = []
-            for i, (name, _) in enumerate(named):
-                full = to_file_dtype(stream.take(i), dtype, name)
-                arrays.append(to_host(full.cpu().contiguous()))
-            write_state_bits(path, arrays, encoding, pretty=pretty)
-        except Exception as exc:
-            error = exc
-        stream.drain()
-    else:
-        stream.serve()
-    share_verdict(error or stream.error)
+
+    def write() -> None:
+        arrays = []
+        for i, (name, _) in enumerate(named):
+            full = to_file_dtype(stream.take(i), dtype, name)
+            arrays.append(to_host(full.cpu().contiguous()))
+        write_state_bits(path, arrays, encoding, pretty=pretty)
+
+    writer_runs(stream, write)
 
 
 def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
@@ -264,15 +252,11 @@ def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> Non
 
     sent = _sent(named, copies)
     stream = ScatterStream([named[i][1] for i in sent])
-    if is_writer():
-        try:
-            for k, i in enumerate(sent):
-                stream.put(k, sources[i])
-                sources[i] = None  # type: ignore[call-overload]  # sent: free it
-        except Exception as exc:
-            error = exc
-        stream.drain()
-    else:
-        stream.serve()
-    share_verdict(error or stream.error)
+
+    def send() -> None:
+        for k, i in enumerate(sent):
+            stream.put(k, sources[i])
+            sources[i] = None  # type: ignore[call-overload]  # sent: free it
+
+    writer_runs(stream, send)
     _commit(stream)
