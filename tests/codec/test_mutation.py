@@ -227,7 +227,7 @@ def test_field_walk_covers_the_file(sample: Sample) -> None:
 
 def _looks_like_json(data: bytes) -> bool:
     # What ``inspect`` hands to the exact-bits JSON reader, whose errors have no byte offset.
-    return data.lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"{")
+    return data.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"[")
 
 
 def _attempt(read: Callable[[Any], Any], data: bytes) -> Any:
