@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from ..formats import registry
+from ..formats.primitives import product
 from .adam import scan_adam
 from .config import float_bits
 from .errors import UnsupportedFormatError
@@ -119,7 +120,7 @@ def inspect(path: PathOrFile) -> dict[str, Any]:
             "magic": "TLSF32B",
             "version": 1,
             "tensors": [
-                {"shape": list(s), "elements": _count(s), "bytes": 4 * _count(s)} for s in shapes
+                {"shape": list(s), "elements": product(s), "bytes": 4 * product(s)} for s in shapes
             ],
             "bytes": _size(path),
         }
@@ -127,9 +128,3 @@ def inspect(path: PathOrFile) -> dict[str, Any]:
 
     return inspect_state_bits(path)
 
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -5,6 +5,7 @@ Run from the repository root::
     python -m fuzz.mutate --minutes 10          # systematic set, then random until 10 min
     python -m fuzz.mutate --systematic-only     # exactly the systematic set, no time limit
     python -m fuzz.mutate --quick               # the CI sample (a few thousand cases)
+    python -m fuzz.mutate --random-only --minutes 10   # random stacked mutations only
 
 Seeds are every conformance vector (``<repo>/../shared/vectors``) and larger generated files
 of every format and version (:mod:`fuzz.seeds`). Each mutated input is read by the seed's
@@ -296,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
         seeds = all_seeds()
     if args.seeds:
         seeds = [s for s in seeds if args.seeds in s.name]
+    if args.exclude:
+        seeds = [s for s in seeds if args.exclude not in s.name]
     if not seeds:
         print("no seeds selected", file=sys.stderr)
         return 2
@@ -303,8 +306,10 @@ def run(args: argparse.Namespace) -> int:
     campaign = Campaign(seeds, out)
     rng = random.Random(args.random_seed)
     quick = args.quick_per_seed if args.quick else None
-    streams = _seed_streams(seeds, quick, rng)
+    streams = [] if args.random_only else _seed_streams(seeds, quick, rng)
     source = _schedule(seeds, streams, chunk=50)
+    if args.random_only:
+        source = iter(())  # the systematic phase ends at once
     deadline = None if args.minutes is None else t0 + 60 * args.minutes
     phase = "systematic"
     systematic_done = False
@@ -340,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
                 seed_idx, spec = next(source)
             except StopIteration:
                 if phase == "systematic":
-                    systematic_done = True
+                    systematic_done = not args.random_only
                     if args.systematic_only or args.quick or deadline is None:
                         exhausted = True
                         break
@@ -468,7 +473,13 @@ def _report(campaign: Campaign, elapsed: float, systematic_done: bool, phase: st
     totals["violations"] = totals["time_violations"] + totals["memory_violations"]
     return {
         "elapsed_s": round(elapsed, 1),
-        "mode": "quick" if args.quick else ("systematic-only" if args.systematic_only else "timed"),
+        "mode": "quick"
+        if args.quick
+        else "systematic-only"
+        if args.systematic_only
+        else "random-only"
+        if args.random_only
+        else "timed",
         "systematic_set_completed": systematic_done,
         "last_phase": phase,
         "formats": formats,
@@ -569,8 +580,14 @@ def main(argv: list[str] | None = None) -> int:
         default=30,
         help="cases per vector seed in --quick (a tenth per generated seed)",
     )
+    parser.add_argument(
+        "--random-only",
+        action="store_true",
+        help="skip the systematic set: random stacked mutations for --minutes",
+    )
     parser.add_argument("--vectors-only", action="store_true", help="only the vectors as seeds")
     parser.add_argument("--seeds", default=None, help="only seeds whose name contains this")
+    parser.add_argument("--exclude", default=None, help="no seeds whose name contains this")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--hang-seconds", type=float, default=60.0)
     parser.add_argument(

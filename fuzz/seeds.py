@@ -396,8 +396,8 @@ def crafted_seeds() -> list[Seed]:
     """Hand-made hostile files at the 1 MiB edge: what random mutation rarely produces.
 
     These are read as they are (and lightly mutated): a rank of 100k+ dims of 2^64-1 (the
-    element-count check multiplies them), counts of 2^64-1 and 2^62, a payload that claims
-    2^63 bytes.
+    element-count check multiplies them), the same with a last dim of 0 (a valid file, which
+    ``inspect`` describes), counts of 2^64-1 and 2^62, a payload that claims 2^63 bytes.
     """
     from tlckpt.codec import MomentDtype, ParameterSchema
 
@@ -419,6 +419,14 @@ def crafted_seeds() -> list[Seed]:
                     origin="crafted",
                 )
             )
+        # Valid: one zero dim makes the element count 0, so the file reads, and describing
+        # it must not multiply the other dims out either.
+        data = f32_head + _u64(rank) + _u64(*([big] * (rank - 1) + [0])) + _u64(0)
+        shape = (big,) * (rank - 1) + (0,)
+        name = f"crafted_tlsf32_rank{rank}_dims_max_last_zero_{label}"
+        out.append(
+            Seed(name, "TLSF32B v1", "float32_state", data, {"shapes": [shape]}, origin="crafted")
+        )
     out.append(
         Seed(
             "crafted_tlsf32_count_max",
