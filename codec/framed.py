@@ -76,4 +76,3 @@ def check_trailing(src: Source) -> None:
             actual=src.remaining,
             expected=0,
         )
-

@@ -127,4 +127,3 @@ def inspect(path: PathOrFile) -> dict[str, Any]:
     from .state_bits import inspect_state_bits
 
     return inspect_state_bits(path)
-

@@ -235,9 +235,7 @@ class _Parser:
             field=field_name(path),
         )
 
-    def interpret(
-        self, step: Run, first: int, ctx: Container, obj: Container, path: Path
-    ) -> None:
+    def interpret(self, step: Run, first: int, ctx: Container, obj: Container, path: Path) -> None:
         """Parse a run's fields from ``first`` on, one by one, with construct itself."""
         for k in range(first, len(step.names)):
             name = step.names[k]

@@ -477,7 +477,7 @@ def render() -> str:
         " variable-size field they read `end(field) + k`, and inside a record"
         " `start(record[i]) + k`. *check* is what the reader verifies on that field"
         " (`= x`: a constant); the destination-dependent rules (schema equality, entry ids,"
-        " config bits) are in `shared/FORMAT.md` and [the guide](guide.md#errors).",
+        " config bits) are in [the format rules](format.md) and [the guide](guide.md#errors).",
         "",
         "Families: "
         + ", ".join(f"`{m.decode()}` ({name})" for m, name in sorted(registry.FAMILIES.items()))

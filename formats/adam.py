@@ -154,4 +154,3 @@ def layout_of(spec: Struct) -> AdamLayout:
         counter=counter,
         representatives=_field(spec, "representatives") is not None,
     )
-

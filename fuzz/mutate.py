@@ -7,7 +7,7 @@ Run from the repository root::
     python -m fuzz.mutate --quick               # the CI sample (a few thousand cases)
     python -m fuzz.mutate --random-only --minutes 10   # random stacked mutations only
 
-Seeds are every conformance vector (``<repo>/../shared/vectors``) and larger generated files
+Seeds are every conformance vector (``<repo>/tests/vectors``) and larger generated files
 of every format and version (:mod:`fuzz.seeds`). Each mutated input is read by the seed's
 destination reader (``read_adam`` / ``read_float32_state`` / ``read_state_bits`` with the
 destination the manifest gives) and by ``inspect``. Every read must end in success or a

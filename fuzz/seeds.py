@@ -4,7 +4,7 @@ A :class:`Seed` is a file's bytes, the format it belongs to (the report key), an
 destination a reader is given for it (schema/dtype/config, shapes, or encoding + shapes), so
 that each mutated copy can be read both against its destination and by ``inspect``.
 
-The vectors are read from ``<repo>/../shared/vectors`` (override with ``TLCKPT_VECTORS``).
+The vectors are read from ``<repo>/tests/vectors`` (override with ``TLCKPT_VECTORS``).
 Generated files are written with the codec itself, deterministically (fixed seeds), one per
 format and version, sized up to :data:`LARGE_LIMIT`.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from tlckpt.testing.vectors import vectors_dir
+
 REPO = Path(__file__).resolve().parents[1]
-VECTORS_DIR = Path(os.environ.get("TLCKPT_VECTORS", REPO.parent / "shared" / "vectors"))
+VECTORS_DIR = vectors_dir()
 
 #: Largest generated seed (the time/memory bounds are stated for inputs up to 1 MiB).
 LARGE_LIMIT = 1 << 20

@@ -1,4 +1,4 @@
-"""Manifest entries of the conformance vectors (``shared/vectors``) as codec values.
+"""The conformance vectors (``tests/vectors``): their folder, and manifest entries as values.
 
 The manifest spells floats as hex binary64 bit patterns and payloads as hex of their
 little-endian bytes, so every conversion here is exact: no value goes through decimal text or
@@ -12,8 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,8 @@ import numpy as np
 from ..codec import AdamConfig, AdamEntry, AdamKind, MomentDtype, ParameterSchema
 
 __all__ = [
+    "VECTORS_DIR",
+    "vectors_dir",
     "KINDS",
     "bits_to_float",
     "float_to_bits",
@@ -31,6 +35,17 @@ __all__ = [
     "entries_from_manifest",
     "float32_arrays_from_manifest",
 ]
+
+#: The repository's copy of the conformance vectors (``<repo>/tests/vectors``; the package
+#: root is the repository root). ``TLCKPT_VECTORS`` points the tests and campaigns elsewhere.
+VECTORS_DIR = Path(__file__).resolve().parents[1] / "tests" / "vectors"
+
+
+def vectors_dir() -> Path:
+    """The conformance vectors folder: ``$TLCKPT_VECTORS`` if set, else :data:`VECTORS_DIR`."""
+    override = os.environ.get("TLCKPT_VECTORS")
+    return Path(override) if override else VECTORS_DIR
+
 
 #: Manifest spelling of the update rule → :class:`AdamKind`.
 KINDS = {"adam": AdamKind.ADAM, "adamw": AdamKind.ADAMW}

@@ -1,6 +1,6 @@
 """Shared test fixtures: where the conformance vectors are, and parametrisation over them.
 
-The vectors live in ``shared/vectors`` next to the repository (``../shared`` from its root).
+The vectors live in ``tests/vectors`` (:func:`tlckpt.testing.vectors.vectors_dir`).
 
 * ``VECTORS_DIR`` / the ``vectors_dir`` fixture: that folder; ``manifest`` fixture: its
   ``manifest.json`` parsed.
@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-VECTORS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "vectors"
+from tlckpt.testing.vectors import vectors_dir
+
+VECTORS_DIR = vectors_dir()
 
 #: file name → node ids of the test functions parametrised with it (filled during collection).
 VECTOR_USAGE: defaultdict[str, set[str]] = defaultdict(set)
@@ -69,7 +71,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
-    """The conformance vectors folder (``shared/vectors``)."""
+    """The conformance vectors folder (``tests/vectors``)."""
     return VECTORS_DIR
 
 

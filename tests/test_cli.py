@@ -25,11 +25,12 @@ import tlckpt
 from tlckpt import cli
 from tlckpt.cli import progress
 from tlckpt.cli.convert import ORDER_KEY
+from tlckpt.testing.vectors import vectors_dir
 
-VECTORS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "vectors"
+VECTORS_DIR = vectors_dir()
 MANIFEST = json.loads((VECTORS_DIR / "manifest.json").read_text())
 
-#: Error class the CLI names for each manifest category (shared/vectors/README.md).
+#: Error class the CLI names for each manifest category (tests/vectors/README.md).
 CLASS_OF_CATEGORY = {
     "family": "UnsupportedFormatError",
     "version": "UnsupportedVersionError",

@@ -25,6 +25,7 @@ import pytest
 import tlckpt
 from tlckpt import cli
 from tlckpt.formats import ADAM_MAGIC, lookup, unregister
+from tlckpt.testing.vectors import vectors_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -87,7 +88,7 @@ def test_format_reference_offsets_match_the_files(tmp_path: Path) -> None:
     assert rows["random_counter"].size == "8 if counter_flag == 1, else 0"
     assert rows["schema.slot_count"].offset == "end(random_counter) + 0"
     assert rows["entries[i].m"].size == "count \u00d7 4 (dtype_tag 0) or 8 (dtype_tag 1)"
-    data = (ROOT.parent / "shared" / "vectors" / "adam_v5_f64_tied_counter.tladam").read_bytes()
+    data = (vectors_dir() / "adam_v5_f64_tied_counter.tladam").read_bytes()
     assert int.from_bytes(data[63:71], "little") == 1  # counter_flag present
     assert int.from_bytes(data[71:79], "little") == 9223372036854775813
 

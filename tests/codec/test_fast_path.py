@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,9 +30,9 @@ from tlckpt.codec.float32_state import read_float32_payloads
 from tlckpt.codec.inspection import inspect
 from tlckpt.codec.walker import interpreted
 from tlckpt.testing import strategies as tls
-from tlckpt.testing.vectors import config_from_manifest, schema_from_manifest
+from tlckpt.testing.vectors import config_from_manifest, schema_from_manifest, vectors_dir
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS = vectors_dir()
 
 
 def _outcome(read: Callable[[], Any]) -> tuple[str, Any]:
@@ -79,9 +78,7 @@ def _reader(vector: dict[str, Any], data: bytes) -> Callable[[], Any]:
         dtype = MomentDtype(vector.get("dtype") or vector["config"]["dtype"])
         expected = vector.get("expected_config")
         config = config_from_manifest(expected) if expected else None
-        return lambda: read_adam(
-            io.BytesIO(data), schema, dtype=dtype, expected_config=config
-        )
+        return lambda: read_adam(io.BytesIO(data), schema, dtype=dtype, expected_config=config)
     return lambda: read_float32_state(io.BytesIO(data), vector["shapes"])
 
 

@@ -33,8 +33,9 @@ from tlckpt.codec import state_bits as sb
 from tlckpt.codec.errors import CheckpointError
 from tlckpt.codec.state_bits import inspect_state_bits, read_state_bits, write_state_bits
 from tlckpt.formats.state_bits import ENCODINGS, encoding_by_name, parse_tag
+from tlckpt.testing.vectors import vectors_dir
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS = vectors_dir()
 
 F32 = "torchlean_state_float32_bits_v1"
 F64 = "torchlean_state_bits_v1"

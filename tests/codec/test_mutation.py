@@ -40,10 +40,10 @@ from tlckpt.codec import (
     write_float32_state,
 )
 from tlckpt.testing.strategies import byte_splices
-from tlckpt.testing.vectors import schema_from_manifest
+from tlckpt.testing.vectors import schema_from_manifest, vectors_dir
 
 # The same folder as conftest.VECTORS_DIR (module-level samples need it at import time).
-VECTORS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS_DIR = vectors_dir()
 
 SPLICE_EXAMPLES = 300
 EDGE_U64 = (0, 1, 2**32, 2**63, 2**64 - 1)

@@ -24,8 +24,9 @@ from tlckpt.codec.errors import (
 )
 from tlckpt.codec.state_bits import inspect_state_bits, read_state_bits, write_state_bits
 from tlckpt.formats.state_bits import ENCODINGS, BinaryFormat, encoding_by_name
+from tlckpt.testing.vectors import vectors_dir
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+VECTORS = vectors_dir()
 
 CATEGORY_ERRORS: dict[str, type[CheckpointError]] = {
     "json": MalformedError,

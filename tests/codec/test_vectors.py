@@ -1,4 +1,4 @@
-"""Conformance vectors of the binary families (``shared/vectors``), in both directions.
+"""Conformance vectors of the binary families (``tests/vectors``), in both directions.
 
 * every ``adam[]`` / ``float32_state[]`` file reads back exactly the manifest's values and bits,
   and writing the manifest's values gives exactly the file's bytes (path and file object);
@@ -356,7 +356,7 @@ def test_every_vector_is_exercised(
     listed = [e["file"] for section in manifest.values() for e in section]
     on_disk = {p.name for p in vectors_dir.iterdir()} - {"manifest.json", "README.md"}
     assert len(listed) == len(set(listed)), "a file is listed twice"
-    assert set(listed) == on_disk, "every file in shared/vectors must be in the manifest"
+    assert set(listed) == on_disk, "every file in tests/vectors must be in the manifest"
 
     module = request.node.nodeid.split("::")[0]
     exercised = 0

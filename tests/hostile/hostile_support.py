@@ -22,8 +22,10 @@ from types import ModuleType
 
 import pytest
 
+from tlckpt.testing.vectors import vectors_dir
+
 REPO = Path(__file__).resolve().parents[2]
-VECTORS = Path(os.environ.get("TLCKPT_VECTORS", REPO.parent / "shared" / "vectors"))
+VECTORS = vectors_dir()
 
 
 def fuzz_module(name: str) -> ModuleType:
