@@ -10,6 +10,7 @@ from .errors import (
     CheckpointError,
     ConfigError,
     EntryError,
+    FileTooLargeError,
     MalformedError,
     SchemaMismatchError,
     TrailingDataError,
@@ -26,9 +27,10 @@ from .float32_state import (
 )
 from .inspection import inspect, sniff_family
 from .schema import ParameterSchema
-from .state_bits import read_state_bits, write_state_bits
+from .state_bits import DEFAULT_MAX_JSON_BYTES, read_state_bits, write_state_bits
 
 __all__ = [
+    "DEFAULT_MAX_JSON_BYTES",
     "AdamCheckpoint",
     "AdamConfig",
     "AdamEntry",
@@ -36,6 +38,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "EntryError",
+    "FileTooLargeError",
     "MalformedError",
     "MomentDtype",
     "ParameterSchema",

@@ -24,6 +24,7 @@ __all__ = [
     "ConfigError",
     "EntryError",
     "MalformedError",
+    "FileTooLargeError",
     "error_for_category",
     "from_construct",
 ]
@@ -106,7 +107,16 @@ class EntryError(CheckpointError):
 
 
 class MalformedError(CheckpointError):
-    """Not JSON, wrong JSON types, words out of range."""
+    """Not JSON, wrong JSON types, duplicate keys, words out of range."""
+
+
+class FileTooLargeError(CheckpointError):
+    """A file larger than a read may take: more bytes than the largest valid encoding of
+    the destination, more than the JSON read cap, or more than memory allows.
+
+    Raised before the file is read whole (from its size alone) where a bound is known, and
+    instead of a ``MemoryError`` where the bytes are allowed but memory runs out.
+    """
 
 
 _BY_CATEGORY: dict[str, type[CheckpointError]] = {

@@ -10,8 +10,10 @@ from ..formats.primitives import product
 from .adam import scan_adam
 from .config import float_bits
 from .errors import UnsupportedFormatError
+from .families import HEAD_BYTES, JSON_FAMILY, JSON_WHITESPACE, UTF8_BOM, magic_family
 from .float32_state import scan_float32_state
 from .source import PathOrFile, open_source
+from .state_bits import DEFAULT_MAX_JSON_BYTES, inspect_state_bits
 
 __all__ = ["inspect", "sniff_family"]
 
@@ -19,21 +21,26 @@ __all__ = ["inspect", "sniff_family"]
 def sniff_family(path: PathOrFile) -> str:
     """``"adam"``, ``"float32_state"`` or ``"state_bits"`` from the first bytes.
 
+    At most :data:`~tlckpt.codec.families.HEAD_BYTES` bytes are read: a registered magic, or
+    a JSON document (its first significant byte ``{`` or ``[``, a byte order mark, or only
+    whitespace as far as that), whose reader then says precisely what is wrong with it.
+
     Raises:
-        UnsupportedFormatError: neither a known magic nor a JSON object.
+        UnsupportedFormatError: neither a known magic nor a JSON document.
+        TruncatedError: the file ends inside a known magic.
     """
     with open_source(path) as src:
-        head = src.file.read(64)
-        src.file.seek(src.start)
-        for magic, family in registry.FAMILIES.items():
-            if head.startswith(magic):
-                return family
+        head = src.peek(HEAD_BYTES)
+        family = magic_family(head)
+        if family is not None:
+            return family
+        for magic in registry.FAMILIES:
             if head and len(head) < len(magic) and magic.startswith(head):
                 src.need(len(magic), "magic")  # ends inside a known magic: truncated
-        # JSON state is an object; anything else JSON-looking goes to the JSON reader too,
-        # which says precisely what is wrong with it.
-        if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
-            return "state_bits"
+        first = head.lstrip(JSON_WHITESPACE)[:1]
+        more_whitespace = not first and len(head) < src.remaining
+        if head.startswith(UTF8_BOM) or first in (b"{", b"[") or more_whitespace:
+            return JSON_FAMILY
         raise UnsupportedFormatError(
             f"not a TorchLean checkpoint: starts with {head[:8]!r}",
             offset=src.start,
@@ -52,7 +59,7 @@ def _float(x: float) -> dict[str, Any]:
     return {"value": x, "bits": f"0x{float_bits(x):016x}"}
 
 
-def inspect(path: PathOrFile) -> dict[str, Any]:
+def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> dict[str, Any]:
     """Describe a checkpoint: family, version, config, schema or tensors, counter, sizes.
 
     The whole file is checked against its own stored layout on the way (payloads are
@@ -60,12 +67,17 @@ def inspect(path: PathOrFile) -> dict[str, Any]:
 
     Args:
         path: any file of the six formats (path or seekable binary file object).
+        max_json_bytes: the largest exact-bits JSON file read (a JSON document is read whole;
+            see :data:`~tlckpt.codec.state_bits.DEFAULT_MAX_JSON_BYTES`). Binary files are
+            read record by record and need no cap.
 
     Returns:
         A JSON-serialisable dict. Keys depend on the family; always ``family`` and ``bytes``.
 
     Raises:
-        CheckpointError: the file is not well-formed (the subclass says how).
+        CheckpointError: the file is not well-formed (the subclass says how);
+            :class:`FileTooLargeError` for a JSON file above ``max_json_bytes``, or any file
+            that does not fit in memory.
         OSError: from the file system.
     """
     family = sniff_family(path)
@@ -124,6 +136,4 @@ def inspect(path: PathOrFile) -> dict[str, Any]:
             ],
             "bytes": _size(path),
         }
-    from .state_bits import inspect_state_bits
-
-    return inspect_state_bits(path)
+    return inspect_state_bits(path, max_json_bytes=max_json_bytes)

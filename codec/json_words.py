@@ -8,7 +8,8 @@ tensor's ``"values"`` is a flat array of decimal literals, so this module
    orjson parses with each array replaced by ``[]``;
 2. validates each array's text with vectorised byte checks (only digits, commas and JSON
    whitespace; no empty item, no leading zero, at most 20 digits, not above ``2**64 - 1``)
-   and converts it with numpy's C text parser (:func:`parse_arrays`), in bounded chunks.
+   and converts it with numpy's C text parser (:func:`parse_arrays`, :func:`count_words`),
+   in bounded chunks.
 
 Both steps only ever *decline* (return ``None``): anything unusual (a backslash anywhere, a
 ``"values"`` key not followed by a flat array of digits, a sign, a fraction, an exponent, a
@@ -16,24 +17,30 @@ leading zero, a 21-digit literal, nested arrays, ...) sends the caller back to i
 path, which owns every rule and every error message. Accepted text is exactly the JSON grammar
 ``[ ws (int ws (, ws int ws)*)? ]`` with ``int = 0 | [1-9][0-9]*`` and a value below ``2**64``,
 so the words are the ones any JSON reader would produce.
+
+Per array, the work is done by the regex engine and numpy, not by Python code: a document of
+a million small tensors costs about as much as one tensor of the same size.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["cut_arrays", "parse_arrays", "parse_words"]
+__all__ = ["CHUNK", "count_words", "cut_arrays", "parse_arrays", "parse_words"]
 
 #: Bytes of array text converted per numpy call: large enough that per-call overhead is
 #: negligible, small enough that the temporaries (a few bytes per text byte) stay in cache.
 CHUNK = 1 << 19
 
-#: ``"values"``, JSON whitespace, ``:``, whitespace, ``[``, whitespace: a key opening an array.
+#: ``"values"``, JSON whitespace, ``:``, whitespace, ``[``, whitespace, then the array's inside
+#: (group 1) up to its first ``]`` (or the end of the document).
 _WS = rb"[ \t\n\r]*"
-_ARRAY_KEY = rb'"%s"' + _WS + rb":" + _WS + rb"\[" + _WS
+_ARRAY = rb'"%s"' + _WS + rb":" + _WS + rb"\[" + _WS + rb"([^\]]*)"
 
 _MAX_DIGITS = 20  # len(str(2**64 - 1))
 _MAX_WORD = np.frombuffer(b"18446744073709551615", np.uint8)
@@ -43,17 +50,22 @@ _TEN_TO_19 = np.uint64(10**19)
 _COMMA, _ZERO, _ONE, _NINE = ord(","), ord("0"), ord("1"), ord("9")
 _SPACE, _TAB, _LF, _CR = ord(" "), ord("\t"), ord("\n"), ord("\r")
 
-_heads: dict[bytes, re.Pattern[bytes]] = {}
+_arrays: dict[bytes, re.Pattern[bytes]] = {}
+
+Spans = np.ndarray  # (n, 2) intp: the (start, stop) byte offsets of each array's inside
 
 
-def cut_arrays(data: bytes, key: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
+def cut_arrays(data: bytes, key: bytes, min_share: float = 0.0) -> tuple[bytes, Spans] | None:
     """Cut the array of every ``"key"`` member out of a JSON document's bytes.
 
-    Returns the remainder (every such array emptied to ``[]``, all other bytes kept) and the
-    ``(start, stop)`` byte spans of the arrays' insides, in document order. Returns ``None``
-    when the document holds a backslash (so no key can hide behind an escape and no
-    ``"key"`` text can sit inside a string) or when some ``"key"`` is not followed by
-    ``: [``. The spans are not validated here; :func:`parse_arrays` does that.
+    Returns the remainder (every such member written ``"key":[]``, all other bytes kept) and
+    the ``(start, stop)`` byte spans of the arrays' insides in ``data``, in document order, as
+    an ``(n, 2)`` array. Returns ``None`` when the document holds a backslash (so no key can
+    hide behind an escape and no ``"key"`` text can sit inside a string), when some ``"key"``
+    outside the cut arrays is not followed by ``: [``, when the last array is not closed, or
+    when the arrays' insides are less than ``min_share`` of the document (the remainder,
+    a copy, would then be most of it). The spans are not validated here;
+    :func:`parse_arrays` does that.
 
     With no backslash, a ``"`` outside a string opens a string, so in a valid document
     every ``"key"`` that is followed by ``:`` is a member name, and every member named
@@ -62,94 +74,142 @@ def cut_arrays(data: bytes, key: bytes) -> tuple[bytes, list[tuple[int, int]]] |
     """
     if b"\\" in data:
         return None
-    head = _heads.get(key)
-    if head is None:
-        head = _heads.setdefault(key, re.compile(_ARRAY_KEY % re.escape(key)))
-    needle = b'"' + key + b'"'
-    view = memoryview(data)
-    pieces: list[memoryview] = []
-    spans: list[tuple[int, int]] = []
-    kept = 0
-    at = data.find(needle)
-    while at >= 0:
-        match = head.match(data, at)
-        if match is None:
-            return None
-        start = match.end()
-        stop = data.find(b"]", start)
-        if stop < 0:
-            return None
-        pieces.append(view[kept:start])
-        spans.append((start, stop))
-        kept = stop
-        at = data.find(needle, stop)
-    pieces.append(view[kept:])
-    return b"".join(pieces), spans
+    pattern = _arrays.get(key)
+    if pattern is None:
+        pattern = _arrays.setdefault(key, re.compile(_ARRAY % re.escape(key)))
+    found = (m.span(1) for m in pattern.finditer(data))
+    spans = np.fromiter(itertools.chain.from_iterable(found), np.intp).reshape(-1, 2)
+    if not len(spans):
+        remainder = data
+    elif spans[-1, 1] == len(data):
+        return None  # no "]" after the last array
+    elif int((spans[:, 1] - spans[:, 0]).sum()) < min_share * len(data):
+        return None
+    else:
+        remainder = pattern.sub(b'"' + key.replace(b"\\", b"\\\\") + b'":[', data)
+    # A "key" the pattern passed over (not opening an array) is still in the remainder.
+    if remainder.count(b'"' + key + b'"') != len(spans):
+        return None
+    return remainder, spans
 
 
 def parse_arrays(
-    data: bytes, spans: list[tuple[int, int]], dtype: Any = np.uint64, width: int = 64
+    data: bytes, spans: Sequence[Any], dtype: Any = np.uint64, width: int = 64
 ) -> list[np.ndarray] | None:
     """The words of each span's array text as ``dtype``, or ``None`` if any is not plain.
 
     ``None`` too if a word is ``2**width`` or more (``dtype`` must hold ``width`` bits). Short
-    arrays are joined (with commas) into chunks of about :data:`CHUNK` bytes, long ones split
-    at commas into such chunks, so there are few numpy calls however the words are spread over
-    tensors, and temporaries stay bounded. Every returned array owns its memory.
+    arrays are converted together, a window of about :data:`CHUNK` bytes of the document at a
+    time, long ones split at commas into such chunks, so there are few numpy calls however
+    the words are spread over tensors, and temporaries stay bounded. Every returned array owns
+    its memory.
     """
-    dtype = np.dtype(dtype)
-
-    def words_of(text: bytes) -> np.ndarray | None:
-        words = parse_words(text)
-        if words is None or (width < 64 and words.size and int(words.max()) >> width):
-            return None
-        return words if dtype == words.dtype else words.astype(dtype)
-
-    result: list[np.ndarray | None] = [None] * len(spans)
-    batch: list[memoryview] = []
-    owners: list[tuple[int, int]] = []  # (span index, item count) of each joined span
-    batch_bytes = 0
-    view = memoryview(data)
-
-    def flush() -> bool:
-        nonlocal batch_bytes
-        words = words_of(b",".join(batch))
-        if words is None or len(words) != sum(count for _, count in owners):
-            return False
-        at = 0
-        for index, count in owners:
-            result[index] = words[at : at + count].copy() if len(owners) > 1 else words
-            at += count
-        batch.clear()
-        owners.clear()
-        batch_bytes = 0
-        return True
-
-    for index, (start, stop) in enumerate(spans):
-        if start == stop:  # "[" whitespace "]": cut_arrays already took the whitespace
-            result[index] = np.empty(0, dtype)
-        elif stop - start < CHUNK:
-            batch.append(view[start:stop])
-            owners.append((index, data.count(b",", start, stop) + 1))
-            batch_bytes += stop - start + 1
-            if batch_bytes >= CHUNK and not flush():
-                return None
-        else:
-            parts = []
-            at = start
-            while True:
-                cut = data.find(b",", at + CHUNK, stop)
-                words = words_of(data[at : stop if cut < 0 else cut])
-                if words is None:
-                    return None
-                parts.append(words)
-                if cut < 0:
-                    break
-                at = cut + 1
-            result[index] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    if batch and not flush():
+    groups = _parse_groups(data, spans, np.dtype(dtype), width)
+    if groups is None:
         return None
-    return result  # type: ignore[return-value]  # every entry was filled
+    result: list[np.ndarray] = []
+    for words, counts in groups:
+        if len(counts) == 1 and words.base is None:
+            result.append(words)
+            continue
+        ends = np.cumsum(counts).tolist()
+        # Copies, so that no tensor keeps a window shared with other tensors alive.
+        result += [words[a:b].copy() for a, b in zip([0, *ends[:-1]], ends)]
+    return result
+
+
+def count_words(data: bytes, spans: Sequence[Any], width: int = 64) -> np.ndarray | None:
+    """The number of words in each span's array, after the checks of :func:`parse_arrays`.
+
+    For a caller that needs the counts and the verdict but not the words themselves.
+    """
+    groups = _parse_groups(data, spans, np.dtype(np.uint64), width)
+    if groups is None:
+        return None
+    if not groups:
+        return np.zeros(0, np.int64)
+    return np.concatenate([counts for _, counts in groups])
+
+
+def _parse_groups(
+    data: bytes, spans: Sequence[Any], dtype: np.dtype, width: int
+) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """``(words, counts)`` per group of consecutive spans, or ``None`` if any is not plain.
+
+    A group is one long span (:data:`CHUNK` bytes or more), or a run of short ones that start
+    in the same :data:`CHUNK`-sized block of the document: the window from the run's first
+    start to its last stop is then under ``2 * CHUNK`` bytes.
+    """
+    table = np.asarray(spans, np.intp).reshape(-1, 2)
+    if not len(table):
+        return []
+    starts, stops = table[:, 0], table[:, 1]
+    long = stops - starts >= CHUNK
+    first = np.ones(len(table), bool)
+    block = starts // CHUNK
+    first[1:] = (block[1:] != block[:-1]) | long[1:] | long[:-1]
+    bounds = [*np.flatnonzero(first).tolist(), len(table)]
+    groups = []
+    for g0, g1 in itertools.pairwise(bounds):
+        if long[g0]:
+            words = _long_array(data, int(starts[g0]), int(stops[g0]))
+            counts = None if words is None else np.array([len(words)], np.int64)
+        else:
+            words, counts = _short_arrays(data, starts[g0:g1], stops[g0:g1])
+        if words is None or counts is None:
+            return None
+        if width < 64 and words.size and int(words.max()) >> width:
+            return None
+        groups.append((words if words.dtype == dtype else words.astype(dtype), counts))
+    return groups
+
+
+def _long_array(data: bytes, start: int, stop: int) -> np.ndarray | None:
+    """The words of one long array, converted a :data:`CHUNK` of text at a time."""
+    parts = []
+    at = start
+    while True:
+        cut = data.find(b",", at + CHUNK, stop)
+        words = parse_words(data[at : stop if cut < 0 else cut])
+        if words is None:
+            return None
+        parts.append(words)
+        if cut < 0:
+            break
+        at = cut + 1
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _short_arrays(
+    data: bytes, starts: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The words of a run of short arrays and each one's count, in one conversion.
+
+    The window of the document from the first start to the last stop is copied; every byte
+    outside the arrays (keys, shapes, brackets) becomes a space, and the ``]`` after each
+    non-empty array but the last a comma. The window is then one plain array text exactly
+    when every array is (an empty item, a stray byte or a split number in one of them stays
+    one in the joined text), and its words are those of the arrays, in order.
+    """
+    low, high = int(starts[0]), int(stops[-1])
+    inner_starts, inner_stops = starts - low, stops - low
+    filled = inner_stops > inner_starts
+    if not filled.any():
+        return np.empty(0, np.uint64), np.zeros(len(starts), np.int64)
+    window = np.frombuffer(data, np.uint8, high - low, low).copy()
+    commas = np.zeros(len(window) + 1, np.int64)
+    np.cumsum(window == _COMMA, out=commas[1:])
+    counts = np.where(filled, commas[inner_stops] - commas[inner_starts] + 1, 0)
+    edges = np.zeros(len(window) + 1, np.int8)
+    edges[inner_starts] += 1  # starts are distinct, and so are stops
+    edges[inner_stops] -= 1
+    outside = np.cumsum(edges[:-1], dtype=np.int8) == 0
+    window[outside] = _SPACE
+    window[inner_stops[filled][:-1]] = _COMMA
+    words = parse_words(window)
+    if words is None or len(words) != int(counts.sum()):
+        return None, None
+    return words, counts
 
 
 def _without_whitespace(a: np.ndarray) -> np.ndarray | None:
@@ -166,19 +226,22 @@ def _without_whitespace(a: np.ndarray) -> np.ndarray | None:
     return a[~low]
 
 
-def parse_words(text: bytes) -> np.ndarray | None:
+def parse_words(text: bytes | np.ndarray) -> np.ndarray | None:
     """The uint64 words of ``text``, the inside of a JSON array of at least one integer.
 
-    ``None`` unless ``text`` is: optional JSON whitespace around items separated by commas,
-    each item ``0`` or ``[1-9][0-9]*`` of at most 20 digits and at most ``2**64 - 1``.
+    ``None`` unless ``text`` (bytes, or their uint8 array) is: optional JSON whitespace
+    around items separated by commas, each item ``0`` or ``[1-9][0-9]*`` of at most 20 digits
+    and at most ``2**64 - 1``.
     """
-    a = np.frombuffer(text, np.uint8)
+    a = text if isinstance(text, np.ndarray) else np.frombuffer(text, np.uint8)
     if not a.size or a.max() > _NINE:
         return None
     if a.min() < _COMMA:
         a = _without_whitespace(a)
         if a is None or not a.size:
             return None
+        text = a.tobytes()
+    elif isinstance(text, np.ndarray):
         text = a.tobytes()
     commas = np.flatnonzero(a == _COMMA)
     if np.count_nonzero(a < _ZERO) != len(commas):  # '-', '.', '/'

@@ -1,4 +1,9 @@
-"""Bounded reading from a file: every read is checked against the bytes actually left."""
+"""Bounded reading from a file: every read is checked against the bytes actually left.
+
+A reader that runs out of memory all the same (a file of allowed size on a small machine, or
+under an address-space limit) raises :class:`~tlckpt.codec.errors.FileTooLargeError` naming
+the file and its size, never ``MemoryError``: :func:`open_source` converts it for every reader.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from .errors import CheckpointError, TruncatedError
+from .errors import CheckpointError, FileTooLargeError, TruncatedError
 from .paths import field_name
 
 __all__ = ["Source", "open_source", "PathOrFile"]
@@ -100,6 +105,12 @@ class Source:
             got += n
         self.pos += total
 
+    def peek(self, nbytes: int) -> bytes:
+        """Up to ``nbytes`` bytes from the current position, which does not move."""
+        data = self.file.read(max(0, min(nbytes, self.remaining)))
+        self.file.seek(self.pos)
+        return data
+
     def skip(self, nbytes: int, what: Any) -> None:
         """Move past ``nbytes`` bytes that are known to be there."""
         self.need(nbytes, what)
@@ -115,7 +126,8 @@ class Source:
 def open_source(path_or_file: PathOrFile) -> Iterator[Source]:
     """A :class:`Source` over a path (opened and closed here) or a caller's file object.
 
-    Errors raised inside carry the file's name.
+    Errors raised inside carry the file's name; a ``MemoryError`` raised inside becomes a
+    :class:`FileTooLargeError` naming the file and its size.
     """
     if isinstance(path_or_file, (str, os.PathLike)):
         name: Any = os.fspath(path_or_file)
@@ -124,8 +136,16 @@ def open_source(path_or_file: PathOrFile) -> Iterator[Source]:
         name = getattr(path_or_file, "name", None)
         ctx = contextlib.nullcontext(path_or_file)
     with ctx as file:
+        src = Source(file, name)
         try:
-            yield Source(file, name)
+            yield src
         except CheckpointError as exc:
             exc.with_path(name)
             raise
+        except MemoryError:
+            size = src.size - src.start
+            raise FileTooLargeError(
+                f"out of memory while reading this {size:,}-byte file",
+                path=name,
+                actual=size,
+            ) from None

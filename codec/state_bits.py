@@ -5,16 +5,20 @@ are viewed as unsigned words of the same width, never converted through Python f
 NaN payloads, ``-0.0`` and subnormals survive bit for bit.
 
 Writing checks all caller input first, then streams the document one tensor at a time (values
-in bounded chunks) through an atomic output. Reading parses the file's bytes with orjson
-(bounded nesting, no code execution) and validates every field with set-level type checks
-and numpy range checks, not per-element Python loops. Untrusted bytes raise only
+in bounded chunks) through an atomic output. Reading decides from the first bytes and the
+file's size whether to read at all (:mod:`~tlckpt.codec.json_document`: a destination's
+largest valid encoding, or the ``max_json_bytes`` cap), parses the bytes with orjson
+(bounded nesting, no code execution), refuses duplicate meaningful keys, and validates every
+field with set-level type checks and numpy range checks over all tensors at once, not per-element
+(or, for valid files, per-tensor) Python loops. Untrusted bytes raise only
 :class:`~tlckpt.codec.errors.CheckpointError` subclasses (or ``OSError``).
 
-Reading first tries a fast path (:mod:`~tlckpt.codec.json_words`): the flat ``values`` arrays
-are cut out of the bytes and converted by numpy without one Python int per word, and orjson
-parses only the small remainder. It is taken only when it provably yields the document orjson
-would (see :func:`_fast_document`) and that document passes every check; on anything else,
-valid or not, the general path above reads the file again and gives the result or the error.
+Reading first tries a fast path (:mod:`~tlckpt.codec.json_words`) on documents whose
+``values`` arrays make up most of them: the flat arrays are cut out of the bytes and converted
+by numpy without one Python int per word, and orjson parses only the small remainder. It is
+taken only when it provably yields the document orjson would (see :func:`_fast_document`)
+and that document passes every check; on anything else, valid or not, the general path above
+parses the bytes whole and gives the result or the error.
 """
 
 from __future__ import annotations
@@ -47,9 +51,17 @@ from .errors import (
     SchemaMismatchError,
     UnsupportedFormatError,
 )
+from .gcpause import without_gc
+from .json_document import (
+    DEFAULT_MAX_JSON_BYTES,
+    duplicate_key_error,
+    keys_counted_once,
+    largest_document,
+    read_document,
+)
 from .source import PathOrFile, open_source
 
-__all__ = ["inspect_state_bits", "read_state_bits", "write_state_bits"]
+__all__ = ["DEFAULT_MAX_JSON_BYTES", "inspect_state_bits", "read_state_bits", "write_state_bits"]
 
 #: Values serialised per orjson call: bounds the writer's memory to a few MiB of JSON text
 #: beyond the caller's arrays, however large one tensor is.
@@ -294,20 +306,57 @@ def _json_error(exc: orjson.JSONDecodeError, data: bytes) -> MalformedError:
 
 
 def _parse(data: bytes) -> tuple[Any, bytes | None]:
-    """The general path: orjson's document, and the bytes when small enough to re-diagnose."""
+    """The general path: orjson's document, and the bytes when small enough to re-diagnose.
+
+    A document naming a meaningful key twice is refused here, before anything else is
+    judged: orjson keeps the last of them, other readers the first.
+    """
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise _json_error(exc, data) from None
+    duplicate = duplicate_key_error(data, document)
+    if duplicate is not None:
+        raise duplicate
     return document, (data if len(data) <= _REDIAGNOSE_LIMIT else None)
+
+
+#: Documents with fewer bytes than this per tensor skip the fast path: cutting out arrays of
+#: a few words costs more than the Python ints it saves, and those few ints cost little
+#: memory (measured on a million tensors of 0 or 1 word: 1.8 s through the fast path, 1.1 s
+#: through orjson alone).
+_CUT_MIN_BYTES_PER_TENSOR = 64
+#: The fast path also declines a document whose arrays are less than this share of it: the
+#: remainder would be a copy of most of the document (a padded or hostile file), for little.
+_CUT_MIN_SHARE = 0.5
+
+
+def _worth_cutting(data: bytes) -> bool:
+    """Whether the fast path pays for ``data``: on average at least
+    :data:`_CUT_MIN_BYTES_PER_TENSOR` bytes of document per ``"values"``."""
+    return len(data) >= _CUT_MIN_BYTES_PER_TENSOR * data.count(b'"values"')
 
 
 class _NotFast(Exception):
     """The fast path's words cannot be judged without the general path (never escapes)."""
 
 
-def _fast_document(data: bytes, fmt: ScalarFormat | None = None) -> Any | None:
-    """orjson's document for ``data``, each tensor's values a uint64 array; or ``None``.
+class _FastDocument(NamedTuple):
+    """orjson's document without the values, and each tensor's words (or word counts)."""
+
+    document: dict[str, Any]
+    fmt: ScalarFormat
+    values: list[np.ndarray] | np.ndarray
+
+
+def _fast_document(
+    data: bytes,
+    fmt: ScalarFormat | None = None,
+    *,
+    counts_only: bool = False,
+    min_share: float = 0.0,
+) -> _FastDocument | None:
+    """orjson's document for ``data`` with each tensor's words read apart; or ``None``.
 
     :func:`json_words.cut_arrays` empties every ``"values"`` array (there is no backslash, so
     none hides behind an escape) and orjson parses the rest. The document is that of the
@@ -316,33 +365,46 @@ def _fast_document(data: bytes, fmt: ScalarFormat | None = None) -> Any | None:
     many cuts as ``state`` entries, each entry an object whose ``values`` is the emptied
     ``[]``. A tensor's ``values`` member is one of the cuts inside its own object, distinct
     tensors own distinct cuts, so equal counts leave no cut anywhere else (duplicate keys,
-    ``values`` in extra objects, a second ``state``) and pair them in document order. Words
-    above the encoding's width (with ``fmt``: already in the parse, whose words then come as
-    its word dtype), nested arrays and every error are left to the general path.
+    ``values`` in extra objects, a second ``state``) and pair them in document order. The
+    other meaningful keys (``format``, ``state``, ``shape``) must appear as text exactly as
+    often as the document holds them, which rules their duplicates out
+    (:func:`keys_counted_once`).
+
+    The words are checked against ``fmt`` (default: the format the document's tag names) and
+    come as its word dtype, one array per tensor, or with ``counts_only`` as one array of
+    word counts. Words above the width, nested arrays (complex values) and every error are
+    left to the general path, and so is a document whose arrays are less than ``min_share``
+    of it.
     """
-    cut = json_words.cut_arrays(data, b"values")
-    if cut is None or not cut[1]:
+    cut = json_words.cut_arrays(data, b"values", min_share)
+    if cut is None or not len(cut[1]):
         return None
     remainder, spans = cut
     try:
         document = orjson.loads(remainder)
     except orjson.JSONDecodeError:
         return None
-    state = document.get("state") if isinstance(document, dict) else None
-    if type(state) is not list or len(state) != len(spans):
+    state = document.get("state") if type(document) is dict else None
+    if type(state) is not list or len(state) != len(spans) or set(map(type, state)) != {dict}:
         return None
-    for entry in state:
-        if type(entry) is not dict or type(entry.get("values")) is not list or entry["values"]:
+    if [entry.get("values") for entry in state].count([]) != len(state):
+        return None
+    if not keys_counted_once(remainder, document):
+        return None
+    if fmt is None:
+        tag = document.get("format")
+        fmt = parse_tag(tag) if type(tag) is str else None
+        if fmt is None:
             return None
-    if fmt is None or fmt.pair:  # pairs: only empty arrays, judged in _words
-        arrays = json_words.parse_arrays(data, spans)
+    if fmt.pair and (spans[:, 1] > spans[:, 0]).any():
+        return None  # complex values are [re, im] arrays, not words
+    if counts_only:
+        values: Any = json_words.count_words(data, spans, fmt.width)
     else:
-        arrays = json_words.parse_arrays(data, spans, fmt.word_dtype, fmt.width)
-    if arrays is None:
+        values = json_words.parse_arrays(data, spans, fmt.word_dtype, fmt.width)
+    if values is None:
         return None
-    for entry, words in zip(state, arrays):
-        entry["values"] = words
-    return document
+    return _FastDocument(document, fmt, values)
 
 
 def _parse_header(document: Any) -> tuple[str, list[Any]]:
@@ -378,7 +440,7 @@ def _parse_header(document: Any) -> tuple[str, list[Any]]:
     return tag, state
 
 
-def _entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any] | np.ndarray]:
+def _entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any]]:
     """The checked ``shape`` and the ``values`` array of state tensor ``index``."""
     field = f"state[{index}]"
     if not isinstance(entry, dict):
@@ -412,7 +474,7 @@ def _entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any] | np.nda
             actual=_short(shape),
             expected="non-negative integers",
         )
-    if not isinstance(values, (list, np.ndarray)):  # arrays only from _fast_document
+    if not isinstance(values, list):
         raise MalformedError(
             f"values of state tensor {index} are a JSON {_json_type(values)}, expected an array",
             field=f"{field}.values",
@@ -522,14 +584,8 @@ def _value_error(
     )
 
 
-def _words(
-    values: list[Any] | np.ndarray, index: int, fmt: ScalarFormat, data: bytes | None
-) -> np.ndarray:
+def _words(values: list[Any], index: int, fmt: ScalarFormat, data: bytes | None) -> np.ndarray:
     """Validated uint64 words of one tensor's ``values`` (flat; complex: re, im interleaved)."""
-    if isinstance(values, np.ndarray):  # the fast path's words: integers 0 <= w < 2^64
-        if values.size and (fmt.pair or (fmt.width < 64 and int(values.max()) >> fmt.width)):
-            raise _NotFast  # an error: the general path words it
-        return values
     if fmt.pair:
         if not set(map(type, values)) <= {list} or not set(map(len, values)) <= {2}:
             k, bad = next(
@@ -560,17 +616,36 @@ def _words(
     return words
 
 
-def _as_array(words: np.ndarray, shape: tuple[int, ...], fmt: ScalarFormat) -> np.ndarray:
-    """uint64 words → the caller's array: native dtype, or words (+ trailing 2 for pairs)."""
+def _as_arrays(
+    words: Iterable[np.ndarray], shapes: Iterable[tuple[int, ...]], fmt: ScalarFormat
+) -> list[np.ndarray]:
+    """Words → the caller's arrays: native dtype, or words (+ trailing 2 for pairs)."""
     dtype = np.dtype(fmt.word_dtype)
-    # Our own fresh words are used as they are; a view into other words is copied.
-    typed = words if words.dtype == dtype and words.base is None else words.astype(dtype)
-    if fmt.pair and fmt.native_dtype is None:
-        return typed.reshape((*shape, 2))
-    return typed.view(np.dtype(fmt.array_dtype)).reshape(shape)
+    native = np.dtype(fmt.array_dtype)
+    pairs = fmt.pair and fmt.native_dtype is None
+    result = []
+    for w, shape in zip(words, shapes):
+        # Our own fresh words are used as they are; a view into other words is copied.
+        typed = w if w.dtype == dtype and w.base is None else w.astype(dtype)
+        result.append(typed.reshape((*shape, 2)) if pairs else typed.view(native).reshape(shape))
+    return result
+
+
+_SHAPE = operator.itemgetter("shape")
+_VALUES = operator.itemgetter("values")
 
 
 def _expected_shapes(shapes: Iterable[Iterable[int]]) -> list[tuple[int, ...]]:
+    shapes = list(shapes)
+    try:
+        result = list(map(tuple, shapes))
+    except TypeError:
+        result = None
+    if result is not None:
+        dims = list(itertools.chain.from_iterable(result))
+        if set(map(type, dims)) <= {int} and (not dims or min(dims) >= 0):
+            return result
+    # Not plain Python ints (numpy integers are fine), or not shapes: one by one, for the error.
     result = []
     for i, shape in enumerate(shapes):
         try:
@@ -591,10 +666,76 @@ def _expected_shapes(shapes: Iterable[Iterable[int]]) -> list[tuple[int, ...]]:
     return result
 
 
+def _plain_shapes(state: list[Any]) -> list[list[int]] | None:
+    """Every entry's shape, when each entry is an object whose shape is an array of
+    non-negative integers; else ``None`` (the entry-by-entry checks then say what is wrong).
+
+    Set-level checks over all tensors at once: a file of a million small tensors costs no
+    Python loop per tensor here.
+    """
+    if not set(map(type, state)) <= {dict}:
+        return None
+    try:
+        shapes = list(map(_SHAPE, state))
+    except KeyError:
+        return None
+    if not set(map(type, shapes)) <= {list}:
+        return None
+    dims = list(itertools.chain.from_iterable(shapes))
+    if not set(map(type, dims)) <= {int} or (dims and min(dims) < 0):
+        return None
+    return shapes
+
+
+def _plain_lengths(state: list[Any]) -> list[int] | None:
+    """Every entry's number of values when each ``values`` is an array, else ``None``."""
+    try:
+        values = list(map(_VALUES, state))
+    except KeyError:
+        return None
+    return list(map(len, values)) if set(map(type, values)) <= {list} else None
+
+
+def _counts_match(shapes: list[list[int]], lengths: list[int]) -> bool:
+    """Whether every shape's element count is its length; ``False`` also when a shape has too
+    many dimensions to multiply out cheaply (:func:`_element_count_is` then decides)."""
+    if shapes and max(map(len, shapes)) > 64:  # dims < 2^64: products stay under 4096 bits
+        return False
+    return list(map(math.prod, shapes)) == lengths
+
+
+def _plain_words(state: list[Any], fmt: ScalarFormat) -> np.ndarray | None:
+    """All tensors' words, flat (complex: re, im interleaved), when every value is a word of
+    ``fmt`` (complex: an ``[re, im]`` pair of words); else ``None``."""
+    flat: Any = itertools.chain.from_iterable(map(_VALUES, state))
+    if fmt.pair:
+        pairs = list(flat)
+        if not set(map(type, pairs)) <= {list} or not set(map(len, pairs)) <= {2}:
+            return None
+        flat = itertools.chain.from_iterable(pairs)
+    words = list(flat)
+    if not set(map(type, words)) <= {int}:
+        return None
+    try:
+        array = np.array(words, dtype=np.uint64)
+    except OverflowError:  # negative, or 2^64 and more
+        return None
+    if _NUMPY_WRAPS_NEGATIVES and words and min(words) < 0:
+        return None
+    if fmt.width < 64 and array.size and int(array.max()) >> fmt.width:
+        return None
+    return array
+
+
+@without_gc
 def read_state_bits(
     path: PathOrFile, shapes: Sequence[Sequence[int]], encoding: str | ScalarFormat
 ) -> list[np.ndarray]:
     """Read exact-bits JSON model state, checking it against the expected layout.
+
+    The file is refused from its first bytes if it cannot be exact-bits JSON, and from its
+    size if it is larger than the largest valid encoding of ``shapes`` in ``encoding`` (see
+    :mod:`~tlckpt.codec.json_document` for the allowances), before it is read.
 
     Args:
         path: the file, or a seekable binary file object (read from its current position).
@@ -607,14 +748,17 @@ def read_state_bits(
         Every word is kept bit-exact, NaN payloads, ``-0.0`` and subnormals included.
 
     Raises:
-        MalformedError: not JSON (or not UTF-8), the top level is not an object, ``state`` or
-            a tensor entry has the wrong JSON type or lacks ``shape``/``values``, a value is
-            not a non-negative JSON integer below ``2**width`` (booleans and floats are not
+        MalformedError: not JSON (or not UTF-8), the top level is not an object, an object
+            names ``format``, ``state``, ``shape`` or ``values`` twice, ``state`` or a tensor
+            entry has the wrong JSON type or lacks ``shape``/``values``, a value is not a
+            non-negative JSON integer below ``2**width`` (booleans and floats are not
             integers), or a complex value is not a 2-element array.
-        UnsupportedFormatError: ``format`` missing, not a string, or not the expected tag;
-            or ``encoding`` unknown.
+        UnsupportedFormatError: a binary checkpoint (the families differ); ``format``
+            missing, not a string, or not the expected tag; or ``encoding`` unknown.
         SchemaMismatchError: more or fewer tensors than expected, a shape that differs, or
             a value count that differs from the element count.
+        FileTooLargeError: the file is larger than any valid encoding of ``shapes``, or does
+            not fit in memory.
         CheckpointError: ``shapes`` is not a sequence of shapes.
         OSError: from the file system.
 
@@ -623,22 +767,31 @@ def read_state_bits(
     """
     fmt = _format_of(encoding)
     expected = _expected_shapes(shapes)
+    limit = largest_document(expected, fmt)
+    bound = (
+        f"the largest valid encoding of the expected {len(expected)} tensor(s) "
+        f"of {_short_name(fmt) or fmt.tag}"
+    )
     with open_source(path) as src:
-        data = src.read(src.remaining, "JSON document")
-        fast = _fast_document(data, fmt)
+        data = read_document(src, limit, bound)
+        fast = _fast_document(data, fmt, min_share=_CUT_MIN_SHARE) if _worth_cutting(data) else None
         if fast is not None:
             try:
-                return _checked_arrays(fast, None, fmt, expected)
+                return _checked_arrays(fast.document, fast.values, None, fmt, expected)
             except (CheckpointError, _NotFast):
                 pass  # the general path below finds the same problem and words it
         document, diagnose = _parse(data)
-        return _checked_arrays(document, diagnose, fmt, expected)
+        return _checked_arrays(document, None, diagnose, fmt, expected)
 
 
 def _checked_arrays(
-    document: Any, data: bytes | None, fmt: ScalarFormat, expected: list[tuple[int, ...]]
+    document: Any,
+    words: list[np.ndarray] | None,
+    data: bytes | None,
+    fmt: ScalarFormat,
+    expected: list[tuple[int, ...]],
 ) -> list[np.ndarray]:
-    """:func:`read_state_bits` on a parsed document."""
+    """:func:`read_state_bits` on a parsed document; ``words``: the fast path's, checked."""
     tag, state = _parse_header(document)
     if tag != fmt.tag:
         raise UnsupportedFormatError(
@@ -656,6 +809,20 @@ def _checked_arrays(
             actual=len(state),
             expected=n,
         )
+    shapes = _plain_shapes(state) if len(state) == n else None
+    if shapes is not None and list(map(tuple, shapes)) == expected:
+        lengths = list(map(len, words)) if words is not None else _plain_lengths(state)
+        counts = list(map(math.prod, expected))
+        if words is not None and lengths == counts:
+            return _as_arrays(words, expected, fmt)
+        flat = _plain_words(state, fmt) if lengths == counts else None
+        if flat is not None:
+            per_value = 2 if fmt.pair else 1
+            ends = list(itertools.accumulate(c * per_value for c in counts))
+            pieces = map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends))
+            return _as_arrays(pieces, expected, fmt)
+    if words is not None:
+        raise _NotFast  # a problem: the general path finds and words it
     result = []
     for i, want in enumerate(expected):
         if i >= len(state):
@@ -682,45 +849,57 @@ def _checked_arrays(
                 actual=len(values),
                 expected=count,
             )
-        result.append(_as_array(_words(values, i, fmt, data), want, fmt))
-    return result
+        result.append(_words(values, i, fmt, data))
+    return _as_arrays(result, expected, fmt)
 
 
-def inspect_state_bits(path: PathOrFile) -> dict[str, Any]:
+@without_gc
+def inspect_state_bits(
+    path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+) -> dict[str, Any]:
     """Describe an exact-bits JSON state file without expecting a layout.
 
     The file is validated as far as it can be without a destination: JSON types, element
-    counts, and word ranges of the encoding its tag names.
+    counts, and word ranges of the encoding its tag names. It is refused from its first
+    bytes if it cannot be exact-bits JSON, and from its size if larger than
+    ``max_json_bytes``, before it is read.
 
     Args:
         path: the file, or a seekable binary file object (read from its current position).
+        max_json_bytes: the largest document read (:data:`DEFAULT_MAX_JSON_BYTES`, 4 GiB).
 
     Returns:
         ``{"family": "state_bits", "format": tag, "encoding": short name or None,
         "tensors": [{"shape": [...], "elements": n}, ...], "bytes": document size}``.
 
     Raises:
-        UnsupportedFormatError: ``format`` missing, not a string, or naming no encoding we
-            can hold.
+        UnsupportedFormatError: a binary checkpoint (the families differ); ``format``
+            missing, not a string, or naming no encoding we can hold.
         MalformedError: as for :func:`read_state_bits`.
         SchemaMismatchError: a tensor whose value count differs from its shape's elements.
+        FileTooLargeError: the file is larger than ``max_json_bytes``, or does not fit in
+            memory.
         OSError: from the file system.
     """
     with open_source(path) as src:
         size = src.remaining
-        data = src.read(size, "JSON document")
-        fast = _fast_document(data)
+        data = read_document(src, max_json_bytes, "the JSON read cap max_json_bytes")
+        fast = None
+        if _worth_cutting(data):
+            fast = _fast_document(data, counts_only=True, min_share=_CUT_MIN_SHARE)
         if fast is not None:
             try:
-                return _described(fast, None, size)
+                return _described(fast.document, fast.values, None, size)
             except (CheckpointError, _NotFast):
                 pass  # the general path below finds the same problem and words it
         document, diagnose = _parse(data)
-        return _described(document, diagnose, size)
+        return _described(document, None, diagnose, size)
 
 
-def _described(document: Any, data: bytes | None, size: int) -> dict[str, Any]:
-    """:func:`inspect_state_bits` on a parsed document."""
+def _described(
+    document: Any, counts: np.ndarray | None, data: bytes | None, size: int
+) -> dict[str, Any]:
+    """:func:`inspect_state_bits` on a parsed document; ``counts``: the fast path's, checked."""
     tag, state = _parse_header(document)
     fmt = parse_tag(tag)
     if fmt is None:
@@ -730,6 +909,17 @@ def _described(document: Any, data: bytes | None, size: int) -> dict[str, Any]:
             actual=_short(tag),
             expected="a torchlean_state_*_v1 tag",
         )
+    shapes = _plain_shapes(state)
+    if shapes is not None:
+        lengths = counts.tolist() if counts is not None else _plain_lengths(state)
+        if (
+            lengths is not None
+            and _counts_match(shapes, lengths)
+            and (counts is not None or _plain_words(state, fmt) is not None)
+        ):
+            return _description(tag, fmt, shapes, lengths, size)
+    if counts is not None:
+        raise _NotFast  # a problem (or a shape of many dims): the general path judges it
     tensors = []
     for i, entry in enumerate(state):
         shape, values = _entry_fields(entry, i)
@@ -741,11 +931,17 @@ def _described(document: Any, data: bytes | None, size: int) -> dict[str, Any]:
                 expected=f"prod({_short(shape)})",
             )
         _words(values, i, fmt, data)
-        tensors.append({"shape": list(shape), "elements": len(values)})
+        tensors.append(shape)
+    return _description(tag, fmt, tensors, [len(entry["values"]) for entry in state], size)
+
+
+def _description(
+    tag: str, fmt: ScalarFormat, shapes: list[list[int]], lengths: list[int], size: int
+) -> dict[str, Any]:
     return {
         "family": "state_bits",
         "format": tag,
         "encoding": _short_name(fmt),
-        "tensors": tensors,
+        "tensors": [{"shape": s, "elements": n} for s, n in zip(shapes, lengths)],
         "bytes": size,
     }

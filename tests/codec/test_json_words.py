@@ -66,7 +66,7 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
 
 @contextmanager
 def general_only() -> Iterator[None]:
-    with mock.patch.object(sb, "_fast_document", lambda data, fmt=None: None):
+    with mock.patch.object(sb, "_fast_document", lambda *args, **kwargs: None):
         yield
 
 
@@ -74,18 +74,30 @@ def source(data: bytes | Path) -> Any:
     return data if isinstance(data, Path) else io.BytesIO(data)
 
 
+@contextmanager
+def fast_first() -> Iterator[None]:
+    """The fast path is tried on every document, however dense in tensors or small in words."""
+    with (
+        mock.patch.object(sb, "_CUT_MIN_BYTES_PER_TENSOR", 0),
+        mock.patch.object(sb, "_CUT_MIN_SHARE", 0.0),
+    ):
+        yield
+
+
 def agree(data: bytes | Path, shapes: list[Any], encoding: str) -> tuple[Any, ...]:
-    """Both paths give the same outcome, for reading and for inspecting; return it."""
+    """Both paths (and the readers' own choice) give the same outcome, for reading and for
+    inspecting; return it."""
     calls = [
         lambda: read_state_bits(source(data), shapes, encoding),
         lambda: inspect_state_bits(source(data)),
     ]
     outcomes = []
     for call in calls:
-        fast = outcome(call)
+        with fast_first():
+            fast = outcome(call)
         with general_only():
             general = outcome(call)
-        assert fast == general
+        assert fast == general == outcome(call)
         outcomes.append(fast)
     raw = data.read_bytes() if isinstance(data, Path) else data
     check_fast_document(raw)
@@ -97,24 +109,29 @@ def check_fast_document(data: bytes) -> None:
     for fmt in (None, *(encoding_by_name(e) for e in ("float32", "bfloat16", "float8_e5m2"))):
         fast = sb._fast_document(data, fmt)
         if fast is None:
+            assert sb._fast_document(data, fmt, counts_only=True) is None
             continue
         reference = orjson.loads(data)  # must parse: the fast path took it for JSON
-        for entry in fast["state"]:
-            assert isinstance(entry["values"], np.ndarray)
-            if fmt is not None:
-                assert entry["values"].dtype == np.dtype(fmt.word_dtype)
-            entry["values"] = entry["values"].tolist()
-        assert orjson.dumps(fast) == orjson.dumps(reference)  # ints stay ints: 1 is not true
+        counts = sb._fast_document(data, fmt, counts_only=True)
+        assert counts is not None
+        assert counts.values.tolist() == [len(w) for w in fast.values]
+        document = fast.document
+        assert len(fast.values) == len(document["state"])
+        for entry, words in zip(document["state"], fast.values, strict=True):
+            assert isinstance(words, np.ndarray) and entry["values"] == []
+            assert words.dtype == np.dtype(fast.fmt.word_dtype)
+            entry["values"] = words.tolist()
+        assert orjson.dumps(document) == orjson.dumps(reference)  # ints stay ints: 1 is not true
 
 
 def fast_taken(data: bytes, shapes: list[Any], encoding: str) -> bool:
     """Whether ``read_state_bits`` returned the fast path's arrays."""
     fmt = encoding_by_name(encoding) or parse_tag(encoding)
-    document = sb._fast_document(data, fmt)
-    if document is None:
+    fast = sb._fast_document(data, fmt)
+    if fast is None:
         return False
     try:
-        sb._checked_arrays(document, None, fmt, [tuple(s) for s in shapes])
+        sb._checked_arrays(fast.document, fast.values, None, fmt, [tuple(s) for s in shapes])
     except (CheckpointError, sb._NotFast):
         return False
     return True
@@ -496,6 +513,63 @@ HOSTILE_DOCUMENTS: list[tuple[bytes, list[list[int]]]] = [
 ]
 
 
+#: Documents naming a meaningful key twice, and the field the error names.
+DUPLICATES: list[tuple[bytes, list[list[int]], str]] = [
+    (document('{"shape": [1], "values": [5]}', top=', "format": "x"'), [[1]], "format"),
+    (document('{"shape": [1], "values": [5]}', top=', "form\\u0061t": "x"'), [[1]], "format"),
+    (document('{"shape": [1], "values": [5]}', top=', "state": []'), [[1]], "state"),
+    (document('{"shape": [1], "values": [5]}', top=', "st\\u0061te": []'), [[1]], "state"),
+    (document('{"shape": [1], "values": [5], "values": [6]}'), [[1]], "state[0].values"),
+    (document('{"shape": [1], "values": [5], "val\\u0075es": [6]}'), [[1]], "state[0].values"),
+    (document('{"shape": [1], "\\u0076alues": [5], "values": [5]}'), [[1]], "state[0].values"),
+    (document('{"shape": [1], "shape": [1], "values": [5]}'), [[1]], "state[0].shape"),
+    (document('{"shape": [1], "sh\\u0061pe": [1], "values": [5]}'), [[1]], "state[0].shape"),
+    (
+        document('{"shape": [0], "values": []}', '{"shape": [1], "shape": [1], "values": [5]}'),
+        [[0], [1]],
+        "state[1].shape",
+    ),
+    (
+        document("[1]", "7", '{"shape": [1], "values": [5], "values": [5]}'),
+        [[1]] * 3,
+        "state[2].values",
+    ),
+    (document('{"shape": [1], "values": [5], "values": [5]}', tag="x"), [[1]], "state[0].values"),
+]
+
+
+@pytest.mark.parametrize(("data", "shapes", "field"), DUPLICATES)
+def test_duplicate_keys_are_refused_on_both_paths(
+    data: bytes, shapes: list[list[int]], field: str
+) -> None:
+    """orjson keeps the last of two equal keys, other readers the first: one file, two
+    readings. Both paths refuse it, whichever comes first and however the key is spelled."""
+    key = field.rsplit(".", 1)[-1]
+    for encoding in ("float32", "float64"):
+        result = agree(data, shapes, encoding)
+        assert result[:3] == ("error", "MalformedError", result[2])
+        assert f'duplicate key "{key}"' in result[2] and result[3] == field
+    with pytest.raises(CheckpointError, match="duplicate key"):
+        inspect_state_bits(io.BytesIO(data))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        document('{"shape": [1], "values": [5], "extra": {"values": 1, "values": 2}}'),
+        document('{"shape": [1], "values": [5], "name": "a", "name": "b"}'),
+        document('{"shape": [1], "values": [5]}', top=', "values": [], "values": 1'),
+        document('{"shape": [1], "values": [5]}', top=', "meta": {"state": 1, "state": 2}'),
+        document('{"shape": [1], "values": [5]}', top=', "x": [{"format": 1, "format": 2}]'),
+        document('{"shape": [1], "values": [5], "s": "\\"values\\": [1], \\"values\\""}'),
+    ],
+)
+def test_duplicate_keys_that_mean_nothing_are_ignored(data: bytes) -> None:
+    """Unknown members are ignored, and so are their keys, doubled or not."""
+    result = agree(data, [[1]], "float32")
+    assert result[0] == "arrays" and result[1][0][2] == (5).to_bytes(4, "little")
+
+
 @pytest.mark.parametrize(("data", "shapes"), HOSTILE_DOCUMENTS)
 def test_hostile_documents_agree(data: bytes, shapes: list[list[int]]) -> None:
     for encoding in ("float32", "float64", "complex64"):
@@ -655,11 +729,18 @@ def test_cut_arrays() -> None:
     assert json_words.cut_arrays(data, b"values") is None  # "values" not a key
     data = b'{"a": {"values" :\n[ 1, 2 ]}, "values":[ ]}'
     remainder, spans = json_words.cut_arrays(data, b"values")  # type: ignore[misc]
-    assert remainder == b'{"a": {"values" :\n[ ]}, "values":[ ]}'
+    assert remainder == b'{"a": {"values":[]}, "values":[]}'
     assert [data[a:b] for a, b in spans] == [b"1, 2 ", b""]
     assert json_words.cut_arrays(b'{"values": [1]}\\', b"values") is None
     assert json_words.cut_arrays(b'{"values": [1', b"values") is None
-    assert json_words.cut_arrays(b'{"x": [1]}', b"values") == (b'{"x": [1]}', [])
+    assert json_words.cut_arrays(b'{"values": [1], "values": [2', b"values") is None
+    # a "values" inside a cut array is the array's text: it leaves with it, and the
+    # array is then no plain word array
+    remainder, spans = json_words.cut_arrays(b'{"values": [1, "values": [2]}', b"values")
+    assert remainder == b'{"values":[]}' and [(int(a), int(b)) for a, b in spans] == [(12, 27)]
+    assert json_words.parse_arrays(b'{"values": [1, "values": [2]}', spans) is None
+    remainder, spans = json_words.cut_arrays(b'{"x": [1]}', b"values")  # type: ignore[misc]
+    assert remainder == b'{"x": [1]}' and spans.shape == (0, 2)
 
 
 def test_no_python_int_per_word() -> None:

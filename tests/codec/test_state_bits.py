@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tlckpt.codec import state_bits as state_bits_module
 from tlckpt.codec.errors import (
     CheckpointError,
+    FileTooLargeError,
     MalformedError,
     SchemaMismatchError,
     UnsupportedFormatError,
@@ -343,13 +344,16 @@ def test_complex_value_rules(values: list[Any], match: str) -> None:
         read_bytes(doc({"shape": [2], "values": values}, tag=tag), [[2]], "complex64")
 
 
-def test_duplicate_keys_last_wins_like_standard_readers() -> None:
+def test_duplicate_keys_are_refused() -> None:
+    """Readers disagree on doubled keys (orjson keeps the last, others the first): refused."""
     data = (
         b'{"format": "torchlean_state_bits_v1", "format": "' + F32.encode() + b'", '
-        b'"state": [], "state": [{"shape": [1], "values": [5], "values": [6]}]}'
+        b'"state": [{"shape": [1], "values": [6]}]}'
     )
-    [back] = read_bytes(data, [[1]])
-    assert back.view(np.uint32).tolist() == json.loads(data)["state"][0]["values"] == [6]
+    with pytest.raises(MalformedError, match='duplicate key "format"'):
+        read_bytes(data, [[1]])
+    with pytest.raises(MalformedError, match='duplicate key "format"'):
+        inspect_state_bits(io.BytesIO(data))
 
 
 def test_tag_spelled_differently_is_unsupported() -> None:
@@ -369,8 +373,11 @@ def test_inspect_checks_counts_without_huge_products() -> None:
     data = doc({"shape": [2**62] * 100_000, "values": [1, 2]})
     with pytest.raises(SchemaMismatchError):
         inspect_state_bits(io.BytesIO(data))
-    with pytest.raises(SchemaMismatchError):
+    # 2 MB: larger than any valid file of one 2-element tensor, so refused unread.
+    with pytest.raises(FileTooLargeError):
         read_bytes(data, [[2]])
+    with pytest.raises(SchemaMismatchError):
+        read_bytes(data, [[2**62] * 40_000])
     empty = inspect_state_bits(io.BytesIO(doc({"shape": [2**62, 0], "values": []})))
     assert empty["tensors"] == [{"shape": [2**62, 0], "elements": 0}]
 
