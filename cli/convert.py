@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..codec import (
+    DEFAULT_MAX_JSON_BYTES,
     CheckpointError,
     ConfigError,
     MalformedError,
@@ -37,6 +38,7 @@ from ..codec import (
     write_float32_state,
     write_state_bits,
 )
+from ..codec.families import families_differ
 from ..formats.state_bits import ENCODINGS, encoding_by_name
 from . import progress
 from .tensor_state import (
@@ -88,23 +90,22 @@ def format_of_path(path: str | os.PathLike) -> str | None:
 # --------------------------------------------------------------------------- reading
 
 
-def _read_tlsf32(path: str | os.PathLike) -> State:
+def _read_tlsf32(path: str | os.PathLike, max_json_bytes: int) -> State:
     with progress.reading(path, "reading") as src:
-        shapes = [tuple(t["shape"]) for t in inspect(src)["tensors"]]
+        info = inspect(src, max_json_bytes=max_json_bytes)
+    if info["family"] != "float32_state":
+        raise families_differ(info["family"], "float32_state").with_path(path)
+    shapes = [tuple(t["shape"]) for t in info["tensors"]]
     with progress.reading(path, "reading") as src:
         arrays = read_float32_state(src, shapes)
     return State([StateTensor(None, "float32", a) for a in arrays], "float32", named=False)
 
 
-def _read_json(path: str | os.PathLike) -> State:
+def _read_json(path: str | os.PathLike, max_json_bytes: int) -> State:
     with progress.reading(path, "reading") as src:
-        info = inspect(src)
+        info = inspect(src, max_json_bytes=max_json_bytes)
     if info["family"] != "state_bits":
-        raise UnsupportedFormatError(
-            f"{os.fspath(path)}: a .json file must be exact-bits JSON state, this is a"
-            f" {info.get('magic', info['family'])} file",
-            field="format",
-        )
+        raise families_differ(info["family"], "state_bits").with_path(path)
     encoding = info["encoding"] or info["format"]
     shapes = [tuple(t["shape"]) for t in info["tensors"]]
     with progress.reading(path, "reading") as src:
@@ -197,22 +198,29 @@ def _read_pt(path: str | os.PathLike) -> State:
     return State(tensors, None, named=named)
 
 
-_READERS = {
-    "tlsf32": _read_tlsf32,
-    "json": _read_json,
-    "safetensors": _read_safetensors,
-    "pt": _read_pt,
-}
+#: Readers of the named formats; TorchLean files are described (under the JSON cap) first.
+_NAMED_READERS = {"safetensors": _read_safetensors, "pt": _read_pt}
+_TORCHLEAN_READERS = {"tlsf32": _read_tlsf32, "json": _read_json}
 
 
-def read_state(path: str | os.PathLike, fmt: str) -> State:
+def read_state(
+    path: str | os.PathLike, fmt: str, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+) -> State:
     """Read a model-state file of format ``fmt`` (a key of :data:`FORMATS`).
+
+    Args:
+        path: the file.
+        fmt: its format.
+        max_json_bytes: the largest exact-bits JSON file read (the cap of
+            :func:`tlckpt.inspect`, which describes a TorchLean file before it is read).
 
     Raises:
         CheckpointError: the file is not a well-formed file of that format.
         OSError: from the file system.
     """
-    return _READERS[fmt](path)
+    if fmt in _TORCHLEAN_READERS:
+        return _TORCHLEAN_READERS[fmt](path, max_json_bytes)
+    return _NAMED_READERS[fmt](path)
 
 
 # --------------------------------------------------------------------------- writing
@@ -365,6 +373,7 @@ def convert(
     encoding: str | None = None,
     names_from: str | os.PathLike | None = None,
     pretty: bool = True,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
 ) -> dict[str, Any]:
     """Convert one model-state file into another format, exactly.
 
@@ -375,6 +384,7 @@ def convert(
         names_from: a ``.safetensors``/``.pt`` file whose names (in order) name the tensors
             of a positional source.
         pretty: indented JSON.
+        max_json_bytes: the largest exact-bits JSON source read (see :func:`read_state`).
 
     Returns:
         A summary: tensor count, the encoding written, and what became of the names
@@ -385,7 +395,7 @@ def convert(
             exactly; the destination is then untouched.
         OSError: from the file system.
     """
-    state = read_state(src, src_format)
+    state = read_state(src, src_format, max_json_bytes=max_json_bytes)
     names = None if names_from is None else _names_from(names_from, state)
     written = write_state(state, dst, dst_format, encoding=encoding, names=names, pretty=pretty)
     if dst_format in ("tlsf32", "json"):

@@ -2,14 +2,15 @@
 
 Commands (no command at all runs ``demo``)::
 
-    tlckpt inspect FILE [--json]
-    tlckpt validate FILE [--against REFERENCE_OR_DESCRIPTION]
+    tlckpt inspect FILE [--json] [--max-json-bytes SIZE]
+    tlckpt validate FILE [--against REFERENCE_OR_DESCRIPTION] [--max-json-bytes SIZE]
     tlckpt convert SRC DST [--to FORMAT] [--dtype ENCODING] [--names-from FILE] [--compact]
+                   [--max-json-bytes SIZE]
     tlckpt demo [--codec] [--keep DIR]
 
-Exit status: 0 success; 1 the file was rejected (one line on stderr naming the error
-class, the file, the byte offset or field, and the file vs expected values — never a
-traceback); 2 a usage error.
+Exit status: 0 success; 1 the file was rejected or the command failed (one line on stderr
+naming the error class, the file, the byte offset or field, and the file vs expected values —
+never a traceback); 2 a usage error; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 
-from ..codec import CheckpointError, inspect
+from ..codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect
 from ..formats.state_bits import ENCODINGS, encoding_by_name
 from .convert import EXTENSIONS, FORMATS, convert, format_of_path
 from .describe import describe, summarize
@@ -38,13 +40,28 @@ class _UsageError(Exception):
     """A command line that cannot be run as given (exit status 2)."""
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())
+
+
+_SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """``--max-json-bytes``: bytes, or a number with K, M, G, T (KiB, ... alike: powers of 2)."""
+    match = _SIZE.fullmatch(text)
+    unit = match.group(2).lower().removesuffix("ib").removesuffix("b") if match else None
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (bytes, or a number with K, M, G or T, e.g. 8G)"
+        )
+    return int(match.group(1)) * _UNITS[unit]
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     try:
-        info = inspect(args.file)
+        info = inspect(args.file, max_json_bytes=args.max_json_bytes)
     except CheckpointError as exc:
         raise exc.with_path(args.file) from None
     if args.json:
@@ -58,11 +75,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     against = None
     if args.against is not None:
         try:
-            against = load_destination(args.against)
+            against = load_destination(args.against, max_json_bytes=args.max_json_bytes)
         except CheckpointError as exc:
             raise exc.with_path(args.against) from None
     try:
-        info = validate(args.file, against)
+        info = validate(args.file, against, max_json_bytes=args.max_json_bytes)
     except CheckpointError as exc:
         raise exc.with_path(args.file) from None
     fits = "" if against is None else f"; fits {against.source}"
@@ -105,6 +122,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             encoding=args.dtype,
             names_from=args.names_from,
             pretty=not args.compact,
+            max_json_bytes=args.max_json_bytes,
         )
     except CheckpointError as exc:
         raise exc.with_path(args.src) from None
@@ -128,6 +146,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if training_demo(sys.stdout, args.keep) else EXIT_REJECTED
 
 
+def _max_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-json-bytes",
+        type=byte_size,
+        default=DEFAULT_MAX_JSON_BYTES,
+        metavar="SIZE",
+        help="refuse an exact-bits JSON file larger than this before reading it, where no"
+        " destination bounds the read (default: 4G; K, M, G, T are powers of 2)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tlckpt`` (exposed for documentation and tests)."""
     parser = argparse.ArgumentParser(
@@ -146,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", help="the checkpoint")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
+    _max_json_option(p)
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser(
@@ -161,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reference checkpoint (.tladam: its schema, dtype and config; .tlsf32, .json,"
         " .safetensors, .pt: its shapes) or a JSON destination description (docs/guide.md)",
     )
+    _max_json_option(p)
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser(
@@ -187,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a .safetensors/.pt file whose tensor names (in order) name a positional source",
     )
     p.add_argument("--compact", action="store_true", help="compact JSON (default: indented)")
+    _max_json_option(p)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser(
@@ -235,6 +267,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"tlckpt: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REJECTED
+    except MemoryError:
+        print("tlckpt: MemoryError: out of memory", file=sys.stderr)
+        return EXIT_REJECTED
+    except ImportError as exc:  # an optional dependency the command needs is missing
+        print(f"tlckpt: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_REJECTED
     except KeyboardInterrupt:
         print("tlckpt: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: still one line, never a traceback
+        print(
+            f"tlckpt: internal error: {type(exc).__name__}: {_one_line(exc)} (please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_REJECTED

@@ -36,8 +36,10 @@ from typing import Any
 import orjson
 
 from ..codec import (
+    DEFAULT_MAX_JSON_BYTES,
     AdamConfig,
     AdamKind,
+    CheckpointError,
     ConfigError,
     MalformedError,
     MomentDtype,
@@ -46,11 +48,13 @@ from ..codec import (
     read_adam,
     read_state_bits,
     scan_adam,
+    sniff_family,
     validate_float32_state,
 )
+from ..codec.families import JSON_FAMILY, families_differ
+from ..codec.json_document import read_document
+from ..codec.source import open_source
 from ..codec.state_bits import inspect_state_bits
-from ..formats import registry
-from ..formats.framing import MAGIC_SIZE
 from ..formats.state_bits import encoding_by_name
 from . import progress
 from .convert import format_of_path, read_state
@@ -205,20 +209,28 @@ def _from_named_state(path: str, fmt: str) -> Destination:
     )
 
 
-def load_destination(path: str | os.PathLike) -> Destination:
+def load_destination(
+    path: str | os.PathLike, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+) -> Destination:
     """The destination a reference checkpoint or a JSON description describes.
 
+    Args:
+        path: a reference checkpoint or a JSON description.
+        max_json_bytes: the largest JSON file read (a description, or a JSON checkpoint).
+
     Raises:
-        CheckpointError: the reference is not well-formed, or the description is malformed.
+        CheckpointError: the reference is not well-formed, or the description is malformed;
+            :class:`~tlckpt.codec.errors.FileTooLargeError` for JSON above ``max_json_bytes``.
         OSError: from the file system.
     """
     source = os.fspath(path)
     fmt = format_of_path(source)
     if fmt in ("safetensors", "pt"):
         return _from_named_state(source, fmt)
-    with open(source, "rb") as f:
-        head = f.read(MAGIC_SIZE)
-    family = registry.FAMILIES.get(head)
+    try:
+        family = sniff_family(source)
+    except CheckpointError:
+        family = None  # no checkpoint: a description, or the JSON reader says what is wrong
     if family == "adam":
         ckpt = scan_adam(source)
         return Destination(
@@ -228,18 +240,20 @@ def load_destination(path: str | os.PathLike) -> Destination:
         shapes = tuple(tuple(t["shape"]) for t in inspect(source)["tensors"])
         return Destination("float32_state", source, shapes=shapes, encoding="float32")
     # Not a binary checkpoint: exact-bits JSON, or a JSON description of a destination.
-    with open(source, "rb") as f:
-        try:
-            doc = orjson.loads(f.read())
-        except orjson.JSONDecodeError as exc:
-            raise MalformedError(
-                f"neither a checkpoint nor a JSON destination description (not JSON: {exc})",
-                path=source,
-            ) from None
+    neither = "neither a checkpoint nor a JSON destination description"
+    try:
+        with open_source(source) as src:
+            data = read_document(src, max_json_bytes, "the JSON read cap --max-json-bytes")
+        doc = orjson.loads(data)
+    except MalformedError as exc:
+        raise MalformedError(f"{neither} ({exc.reason})", path=source) from None
+    except orjson.JSONDecodeError as exc:
+        raise MalformedError(f"{neither} (not JSON: {exc})", path=source) from None
     if not isinstance(doc, dict):
         raise _bad(source, "the top level must be a JSON object")
     if "format" in doc:
-        info = inspect(source)
+        del doc, data  # the checkpoint is read again, by its own reader
+        info = inspect_state_bits(source, max_json_bytes=max_json_bytes)
         shapes = tuple(tuple(t["shape"]) for t in info["tensors"])
         return Destination("state_bits", source, shapes=shapes, encoding=info["format"])
     return _from_description(doc, source)
@@ -249,17 +263,22 @@ def load_destination(path: str | os.PathLike) -> Destination:
 
 
 def _reader_family(path: str | os.PathLike, against: Destination) -> str:
-    """The family a load into ``against`` reads the file as (never sniffed from the file,
-    except to pick between the two model-state families when the destination allows both)."""
-    if against.kind != "model_state":
-        return against.kind
-    with open(path, "rb") as f:
-        head = f.read(MAGIC_SIZE)
-    # A binary magic (even the optimizer's) goes to the binary reader, which names it.
-    return "float32_state" if head in registry.FAMILIES else "state_bits"
+    """The family a load into ``against`` reads the file as: the destination's (or, when it
+    takes either model-state family, the file's). A file of another family is refused here,
+    from its first bytes, with the families named."""
+    wanted = _MODEL_FAMILIES if against.kind == "model_state" else (against.kind,)
+    try:
+        found = sniff_family(path)
+    except CheckpointError:
+        found = None  # no checkpoint of any family: the reader says what is wrong with it
+    if found is not None and found not in wanted:
+        raise families_differ(found, wanted, destination=against.source)
+    return found or (JSON_FAMILY if against.kind == "model_state" else against.kind)
 
 
-def _read_against(src: Any, family: str, against: Destination, path: str | os.PathLike) -> None:
+def _read_against(
+    src: Any, family: str, against: Destination, path: str | os.PathLike, max_json_bytes: int
+) -> None:
     """Read ``src`` the way a load into ``against`` reads it (payloads skipped where allowed)."""
     if family == "adam":
         read_adam(
@@ -280,16 +299,25 @@ def _read_against(src: Any, family: str, against: Destination, path: str | os.Pa
             )
     else:
         # A destination that does not name a scalar type takes the file's own tag.
-        encoding = against.encoding or inspect_state_bits(path)["format"]
+        encoding = (
+            against.encoding or inspect_state_bits(path, max_json_bytes=max_json_bytes)["format"]
+        )
         read_state_bits(src, against.shapes, encoding)
 
 
-def validate(path: str | os.PathLike, against: Destination | None = None) -> dict[str, Any]:
+def validate(
+    path: str | os.PathLike,
+    against: Destination | None = None,
+    *,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+) -> dict[str, Any]:
     """Check a file, alone or against a destination; return its ``inspect`` description.
 
     Args:
         path: the file.
         against: the destination it must fit (see :func:`load_destination`), or ``None``.
+        max_json_bytes: the largest exact-bits JSON file read without a destination (a
+            destination bounds the read by itself).
 
     Returns:
         The file's :func:`tlckpt.inspect` dict.
@@ -302,8 +330,8 @@ def validate(path: str | os.PathLike, against: Destination | None = None) -> dic
         # Read as a load into the destination reads, so the error is the one it would raise.
         family = _reader_family(path, against)
         with progress.reading(path, f"checking against {against.source}") as src:
-            _read_against(src, family, against, path)
+            _read_against(src, family, against, path, max_json_bytes)
     with progress.reading(path, "checking") as src:
-        info = inspect(src)
+        info = inspect(src, max_json_bytes=max_json_bytes)
     info["bytes"] = os.path.getsize(path)
     return info
