@@ -47,6 +47,7 @@ __all__ = [
     "DEFAULT_MAX_JSON_BYTES",
     "DIM_ALLOWANCE",
     "DOCUMENT_ALLOWANCE",
+    "READ_CHUNK",
     "TENSOR_ALLOWANCE",
     "WORD_ALLOWANCE",
     "check_start",
@@ -74,6 +75,9 @@ TENSOR_ALLOWANCE = 1024
 #: Bytes allowed per document: the format tag, keys, leading and trailing whitespace, and
 #: unknown top-level members.
 DOCUMENT_ALLOWANCE = 1 << 20
+
+#: Bytes of a JSON document read per call (each checked for NUL bytes before the next).
+READ_CHUNK = 64 << 20
 
 _DIM_DIGITS = 20  # len(str(2**64 - 1)): a larger dimension is no JSON integer orjson keeps
 #: How a JSON value that is not an object starts.
@@ -144,11 +148,14 @@ def check_start(src: Source) -> None:
     )
 
 
-def read_document(src: Source, limit: int, bound: str) -> bytes:
+def read_document(src: Source, limit: int, bound: str) -> bytearray:
     """The bytes of the JSON document from the current position to the end of the file.
 
     The first bytes decide first (:func:`check_start`); then the size, before anything else
-    is read.
+    is read. The document is then read :data:`READ_CHUNK` bytes at a time, and refused at
+    the first NUL byte, which no JSON text holds (in a string it would be escaped): the
+    hole of a sparse file is refused as soon as it is reached, not after it has been read
+    whole.
 
     Args:
         src: the file.
@@ -157,7 +164,7 @@ def read_document(src: Source, limit: int, bound: str) -> bytes:
 
     Raises:
         FileTooLargeError: the document has more than ``limit`` bytes.
-        UnsupportedFormatError, MalformedError: from :func:`check_start`.
+        UnsupportedFormatError, MalformedError: from :func:`check_start`; a NUL byte.
         TruncatedError: the file shrank while it was read.
     """
     check_start(src)
@@ -169,7 +176,19 @@ def read_document(src: Source, limit: int, bound: str) -> bytes:
             actual=size,
             expected=f"at most {limit} bytes",
         )
-    return src.read(size, "JSON document")
+    data = bytearray()  # grows in place: large blocks are remapped, not copied
+    while len(data) < size:
+        piece = src.read(min(READ_CHUNK, size - len(data)), "JSON document")
+        nul = piece.find(0)
+        if nul >= 0:
+            raise MalformedError(
+                f"not JSON: a NUL byte at position {len(data) + nul} of {size:,}"
+                " (a sparse or zero-filled region?)",
+                field="document",
+                actual="NUL",
+            )
+        data += piece
+    return data
 
 
 # --------------------------------------------------------------------------- duplicate keys

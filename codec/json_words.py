@@ -170,7 +170,7 @@ def _long_array(data: bytes, start: int, stop: int) -> np.ndarray | None:
     at = start
     while True:
         cut = data.find(b",", at + CHUNK, stop)
-        words = parse_words(data[at : stop if cut < 0 else cut])
+        words = parse_words(memoryview(data)[at : stop if cut < 0 else cut].tobytes())
         if words is None:
             return None
         parts.append(words)

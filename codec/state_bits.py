@@ -631,6 +631,27 @@ def _as_arrays(
     return result
 
 
+def _split_arrays(
+    flat: np.ndarray, counts: list[int], shapes: list[tuple[int, ...]], fmt: ScalarFormat
+) -> list[np.ndarray]:
+    """All tensors' words, flat (uint64; complex: re, im interleaved) → the caller's arrays.
+
+    Converted once, then cut: each tensor is a copy, so no array keeps the others alive.
+    An empty tensor is reshaped from a fresh empty array, not copied: numpy gives a copied
+    (or ``np.empty``-made) empty array zero strides, which torch's complex views refuse.
+    """
+    typed = flat.astype(np.dtype(fmt.word_dtype))
+    pairs = fmt.pair and fmt.native_dtype is None
+    typed = typed.reshape(-1, 2) if pairs else typed.view(np.dtype(fmt.array_dtype))
+    ends = list(itertools.accumulate(counts))
+    result = []
+    for a, b, shape in zip([0, *ends[:-1]], ends, shapes):
+        full = (*shape, 2) if pairs else shape
+        piece = typed[a:b].reshape(full).copy() if b > a else np.empty(0, typed.dtype)
+        result.append(piece.reshape(full))
+    return result
+
+
 _SHAPE = operator.itemgetter("shape")
 _VALUES = operator.itemgetter("values")
 
@@ -817,10 +838,7 @@ def _checked_arrays(
             return _as_arrays(words, expected, fmt)
         flat = _plain_words(state, fmt) if lengths == counts else None
         if flat is not None:
-            per_value = 2 if fmt.pair else 1
-            ends = list(itertools.accumulate(c * per_value for c in counts))
-            pieces = map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends))
-            return _as_arrays(pieces, expected, fmt)
+            return _split_arrays(flat, counts, expected, fmt)
     if words is not None:
         raise _NotFast  # a problem: the general path finds and words it
     result = []

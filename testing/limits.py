@@ -110,28 +110,29 @@ def run_limited(
 # --------------------------------------------------------------------------- the child
 
 
-def _read_state_bits(path: str) -> Any:
+def _read_state_bits() -> Callable[[str], Any]:
     from tlckpt.codec import read_state_bits
 
-    return read_state_bits(path, DESTINATION, "float32")
+    return lambda path: read_state_bits(path, DESTINATION, "float32")
 
 
-def _load_state_bits(path: str) -> Any:
+def _load_state_bits() -> Callable[[str], Any]:
     import torch
 
     from tlckpt.runtime import load_state_bits
 
-    return load_state_bits([torch.zeros(DESTINATION[0])], path)
+    model = [torch.zeros(DESTINATION[0])]
+    return lambda path: load_state_bits(model, path)
 
 
-def _inspect(path: str) -> Any:
+def _inspect() -> Callable[[str], Any]:
     from tlckpt.codec import inspect
 
-    return inspect(path)
+    return inspect
 
 
-#: The readers a child can run, by name.
-ENTRIES: dict[str, Callable[[str], Any]] = {
+#: The readers a child can run, by name: each imports what it needs and returns the call.
+ENTRIES: dict[str, Callable[[], Callable[[str], Any]]] = {
     "read_state_bits": _read_state_bits,
     "load_state_bits": _load_state_bits,
     "inspect": _inspect,
@@ -139,10 +140,13 @@ ENTRIES: dict[str, Callable[[str], Any]] = {
 
 
 def run_reader(entry: str, path: str) -> dict[str, Any]:
-    """Run one entry on ``path``: ``{"outcome": "ok" | "<Error>: <message>", "seconds"}``."""
+    """Run one entry on ``path``: ``{"outcome": "ok" | "<Error>: <message>", "seconds"}``.
+
+    The seconds are those of the call alone (imports and the destination come first).
+    """
     from tlckpt.codec import CheckpointError
 
-    call = ENTRIES[entry]
+    call = ENTRIES[entry]()
     start = time.perf_counter()
     try:
         call(path)

@@ -8,7 +8,8 @@
 * Without a destination, ``max_json_bytes`` caps it; leading whitespace past the head counts.
 * ``MemoryError`` never leaves a reader: it is a ``FileTooLargeError`` naming file and size.
 * Sparse files of 4 and 12 GiB, read in a child process under an address-space limit, are
-  refused with a ``CheckpointError``, in a child whose peak memory stays small.
+  refused with a ``CheckpointError``, in a child whose peak memory stays small; a document
+  is read a chunk at a time and refused at its first NUL byte.
 """
 
 from __future__ import annotations
@@ -156,6 +157,23 @@ def test_leading_whitespace_past_the_head_is_read_and_judged_whole() -> None:
         inspect_state_bits(io.BytesIO(b" " * (2 * HEAD_BYTES)))
 
 
+def test_reading_stops_at_the_first_nul_byte() -> None:
+    """No JSON text holds a NUL byte: the hole of a sparse file is refused on arrival."""
+    body = doc({"shape": [2], "values": [1, 2]})
+    with mock.patch("tlckpt.codec.json_document.READ_CHUNK", 1024):
+        f = CountingFile(body + b"\0" * PADDING)
+        with pytest.raises(MalformedError, match=f"a NUL byte at position {len(body)} of"):
+            inspect_state_bits(f)
+        assert f.bytes_read <= HEAD_BYTES + 1024
+        for nul_at in (0, 5, len(body) - 1):
+            data = body[:nul_at] + b"\0" + body[nul_at + 1 :] if nul_at else b"{\0}"
+            with pytest.raises(MalformedError, match="not JSON"):
+                read_state_bits(io.BytesIO(data), [(2,)], "float32")
+        # read in many chunks, a valid document is read whole
+        [back] = read_state_bits(io.BytesIO(body + b" " * 5000), [(2,)], "float32")
+        assert back.view(np.uint32).tolist() == [1, 2]
+
+
 # --------------------------------------------------------------------------- bounds
 
 
@@ -263,8 +281,8 @@ SPARSE = {
     "zeros-4g": (4 * GiB, b"", b""),
     "hole-then-json-12g": (12 * GiB, b"", DOCUMENT),
 }
-#: What each reader says, by file: the destination's bound, the cap (4 GiB lets a 4 GiB file
-#: through: the read then runs out of the child's address space), or the first bytes.
+#: What each reader says, by file: the destination's bound, the cap, or the first bytes; a
+#: file the cap lets through (4 GiB) is refused at its first NUL byte, 64 MiB into it.
 EXPECTED = {
     ("read_state_bits", "json-then-hole-4g"): "FileTooLargeError: .*largest valid encoding",
     ("read_state_bits", "json-then-hole-12g"): "FileTooLargeError: .*largest valid encoding",
@@ -273,7 +291,7 @@ EXPECTED = {
     ("read_state_bits", "hole-then-json-12g"): "MalformedError: .*not JSON",
     ("load_state_bits", "json-then-hole-12g"): "FileTooLargeError: .*largest valid encoding",
     ("load_state_bits", "zeros-4g"): "MalformedError: .*not JSON",
-    ("inspect", "json-then-hole-4g"): "FileTooLargeError: .*out of memory while reading",
+    ("inspect", "json-then-hole-4g"): "MalformedError: .*a NUL byte at position 90 of",
     ("inspect", "json-then-hole-12g"): "FileTooLargeError: .*JSON read cap",
     ("inspect", "spaces-json-hole-12g"): "FileTooLargeError: .*JSON read cap",
     ("inspect", "zeros-4g"): "UnsupportedFormatError: .*not a TorchLean checkpoint",
