@@ -148,7 +148,7 @@ def check_start(src: Source) -> None:
     )
 
 
-def read_document(src: Source, limit: int, bound: str) -> bytearray:
+def read_document(src: Source, limit: int, bound: str) -> bytes | bytearray:
     """The bytes of the JSON document from the current position to the end of the file.
 
     The first bytes decide first (:func:`check_start`); then the size, before anything else
@@ -176,19 +176,28 @@ def read_document(src: Source, limit: int, bound: str) -> bytearray:
             actual=size,
             expected=f"at most {limit} bytes",
         )
-    data = bytearray()  # grows in place: large blocks are remapped, not copied
-    while len(data) < size:
-        piece = src.read(min(READ_CHUNK, size - len(data)), "JSON document")
-        nul = piece.find(0)
-        if nul >= 0:
-            raise MalformedError(
-                f"not JSON: a NUL byte at position {len(data) + nul} of {size:,}"
-                " (a sparse or zero-filled region?)",
-                field="document",
-                actual="NUL",
-            )
-        data += piece
-    return data
+    data = src.read(min(READ_CHUNK, size), "JSON document")
+    _refuse_nul(data, 0, size)
+    if len(data) == size:
+        return data  # one read, no copy: documents up to READ_CHUNK bytes
+    grown = bytearray(data)  # grows in place: large blocks are remapped, not copied
+    del data
+    while len(grown) < size:
+        piece = src.read(min(READ_CHUNK, size - len(grown)), "JSON document")
+        _refuse_nul(piece, len(grown), size)
+        grown += piece
+    return grown
+
+
+def _refuse_nul(piece: bytes, at: int, size: int) -> None:
+    nul = piece.find(0)
+    if nul >= 0:
+        raise MalformedError(
+            f"not JSON: a NUL byte at position {at + nul} of {size:,}"
+            " (a sparse or zero-filled region?)",
+            field="document",
+            actual="NUL",
+        )
 
 
 # --------------------------------------------------------------------------- duplicate keys
@@ -235,6 +244,8 @@ def duplicate_key_error(data: bytes, document: Any) -> MalformedError | None:
     ``values``). A cheap count settles plain documents (:func:`keys_counted_once`); others
     are scanned token by token (strings and brackets only).
     """
+    if type(document) is not dict:
+        return None  # no member of a non-object document means anything
     if b"\\" not in data and keys_counted_once(data, document):
         return None
     # Frames: [role, keys seen, last key, objects among the children]

@@ -37,10 +37,9 @@ __all__ = ["CHUNK", "count_words", "cut_arrays", "parse_arrays", "parse_words"]
 #: negligible, small enough that the temporaries (a few bytes per text byte) stay in cache.
 CHUNK = 1 << 19
 
-#: ``"values"``, JSON whitespace, ``:``, whitespace, ``[``, whitespace, then the array's inside
-#: (group 1) up to its first ``]`` (or the end of the document).
+#: ``"values"``, JSON whitespace, ``:``, whitespace, ``[``, whitespace: a key opening an array.
 _WS = rb"[ \t\n\r]*"
-_ARRAY = rb'"%s"' + _WS + rb":" + _WS + rb"\[" + _WS + rb"([^\]]*)"
+_ARRAY_KEY = rb'"%s"' + _WS + rb":" + _WS + rb"\[" + _WS
 
 _MAX_DIGITS = 20  # len(str(2**64 - 1))
 _MAX_WORD = np.frombuffer(b"18446744073709551615", np.uint8)
@@ -50,7 +49,7 @@ _TEN_TO_19 = np.uint64(10**19)
 _COMMA, _ZERO, _ONE, _NINE = ord(","), ord("0"), ord("1"), ord("9")
 _SPACE, _TAB, _LF, _CR = ord(" "), ord("\t"), ord("\n"), ord("\r")
 
-_arrays: dict[bytes, re.Pattern[bytes]] = {}
+_heads: dict[bytes, re.Pattern[bytes]] = {}
 
 Spans = np.ndarray  # (n, 2) intp: the (start, stop) byte offsets of each array's inside
 
@@ -58,14 +57,13 @@ Spans = np.ndarray  # (n, 2) intp: the (start, stop) byte offsets of each array'
 def cut_arrays(data: bytes, key: bytes, min_share: float = 0.0) -> tuple[bytes, Spans] | None:
     """Cut the array of every ``"key"`` member out of a JSON document's bytes.
 
-    Returns the remainder (every such member written ``"key":[]``, all other bytes kept) and
-    the ``(start, stop)`` byte spans of the arrays' insides in ``data``, in document order, as
-    an ``(n, 2)`` array. Returns ``None`` when the document holds a backslash (so no key can
-    hide behind an escape and no ``"key"`` text can sit inside a string), when some ``"key"``
-    outside the cut arrays is not followed by ``: [``, when the last array is not closed, or
-    when the arrays' insides are less than ``min_share`` of the document (the remainder,
-    a copy, would then be most of it). The spans are not validated here;
-    :func:`parse_arrays` does that.
+    Returns the remainder (every such array emptied to ``[]``, all other bytes kept) and the
+    ``(start, stop)`` byte spans of the arrays' insides, in document order, as an ``(n, 2)``
+    array. Returns ``None`` when the document holds a backslash (so no key can hide behind an
+    escape and no ``"key"`` text can sit inside a string), when some ``"key"`` is not
+    followed by ``: [``, or when the arrays' insides are less than ``min_share`` of the
+    document (the remainder, a copy, would then be most of it). The spans are not validated
+    here; :func:`parse_arrays` does that.
 
     With no backslash, a ``"`` outside a string opens a string, so in a valid document
     every ``"key"`` that is followed by ``:`` is a member name, and every member named
@@ -74,23 +72,31 @@ def cut_arrays(data: bytes, key: bytes, min_share: float = 0.0) -> tuple[bytes, 
     """
     if b"\\" in data:
         return None
-    pattern = _arrays.get(key)
-    if pattern is None:
-        pattern = _arrays.setdefault(key, re.compile(_ARRAY % re.escape(key)))
-    found = (m.span(1) for m in pattern.finditer(data))
-    spans = np.fromiter(itertools.chain.from_iterable(found), np.intp).reshape(-1, 2)
-    if not len(spans):
-        remainder = data
-    elif spans[-1, 1] == len(data):
-        return None  # no "]" after the last array
-    elif int((spans[:, 1] - spans[:, 0]).sum()) < min_share * len(data):
+    head = _heads.get(key)
+    if head is None:
+        head = _heads.setdefault(key, re.compile(_ARRAY_KEY % re.escape(key)))
+    needle = b'"' + key + b'"'
+    # From one key to the end of its array and on to the next key: the searches skip the
+    # arrays' text at memchr speed, and there is one step per array.
+    starts: list[int] = []
+    stops: list[int] = []
+    at = data.find(needle)
+    while at >= 0:
+        match = head.match(data, at)
+        if match is None:
+            return None
+        start = match.end()
+        stop = data.find(b"]", start)
+        if stop < 0:
+            return None
+        starts.append(start)
+        stops.append(stop)
+        at = data.find(needle, stop)
+    if sum(stops) - sum(starts) < min_share * len(data):
         return None
-    else:
-        remainder = pattern.sub(b'"' + key.replace(b"\\", b"\\\\") + b'":[', data)
-    # A "key" the pattern passed over (not opening an array) is still in the remainder.
-    if remainder.count(b'"' + key + b'"') != len(spans):
-        return None
-    return remainder, spans
+    view = memoryview(data)
+    pieces = map(view.__getitem__, map(slice, [0, *stops], [*starts, len(data)]))
+    return b"".join(pieces), np.array([starts, stops], np.intp).T.reshape(-1, 2)
 
 
 def parse_arrays(

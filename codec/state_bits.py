@@ -331,10 +331,19 @@ _CUT_MIN_BYTES_PER_TENSOR = 64
 _CUT_MIN_SHARE = 0.5
 
 
+#: The density of tensors is estimated on the document's first MiB (a full count would cost
+#: a pass over a document of one huge tensor for nothing).
+_DENSITY_SAMPLE = 1 << 20
+
+
 def _worth_cutting(data: bytes) -> bool:
     """Whether the fast path pays for ``data``: on average at least
-    :data:`_CUT_MIN_BYTES_PER_TENSOR` bytes of document per ``"values"``."""
-    return len(data) >= _CUT_MIN_BYTES_PER_TENSOR * data.count(b'"values"')
+    :data:`_CUT_MIN_BYTES_PER_TENSOR` bytes of document per ``"values"``, in its first MiB.
+
+    Only the speed depends on it: both paths give the same arrays or the same error.
+    """
+    sample = min(len(data), _DENSITY_SAMPLE)
+    return sample >= _CUT_MIN_BYTES_PER_TENSOR * data.count(b'"values"', 0, sample)
 
 
 class _NotFast(Exception):

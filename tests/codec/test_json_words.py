@@ -729,7 +729,7 @@ def test_cut_arrays() -> None:
     assert json_words.cut_arrays(data, b"values") is None  # "values" not a key
     data = b'{"a": {"values" :\n[ 1, 2 ]}, "values":[ ]}'
     remainder, spans = json_words.cut_arrays(data, b"values")  # type: ignore[misc]
-    assert remainder == b'{"a": {"values":[]}, "values":[]}'
+    assert remainder == b'{"a": {"values" :\n[ ]}, "values":[ ]}'
     assert [data[a:b] for a, b in spans] == [b"1, 2 ", b""]
     assert json_words.cut_arrays(b'{"values": [1]}\\', b"values") is None
     assert json_words.cut_arrays(b'{"values": [1', b"values") is None
@@ -737,8 +737,11 @@ def test_cut_arrays() -> None:
     # a "values" inside a cut array is the array's text: it leaves with it, and the
     # array is then no plain word array
     remainder, spans = json_words.cut_arrays(b'{"values": [1, "values": [2]}', b"values")
-    assert remainder == b'{"values":[]}' and [(int(a), int(b)) for a, b in spans] == [(12, 27)]
+    assert remainder == b'{"values": []}' and spans.tolist() == [[12, 27]]
     assert json_words.parse_arrays(b'{"values": [1, "values": [2]}', spans) is None
+    data = b'{"values": [1, 2], "x": "y", "values": []}'
+    assert json_words.cut_arrays(data, b"values", min_share=0.1) is None  # 4 bytes of 42
+    assert json_words.cut_arrays(data, b"values", min_share=0.09) is not None
     remainder, spans = json_words.cut_arrays(b'{"x": [1]}', b"values")  # type: ignore[misc]
     assert remainder == b'{"x": [1]}' and spans.shape == (0, 2)
 
