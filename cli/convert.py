@@ -38,6 +38,7 @@ from ..codec import (
     write_state_bits,
 )
 from ..formats.state_bits import ENCODINGS, encoding_by_name
+from ..optional import require
 from . import progress
 from .tensor_state import (
     INTEGER_DTYPES,
@@ -128,14 +129,9 @@ def _read_safetensors(path: str | os.PathLike) -> State:
 
 
 def _safetensors() -> Any:
-    try:
-        import safetensors
-        import safetensors.torch
-    except ModuleNotFoundError:
-        raise CheckpointError(
-            "safetensors files need the safetensors package (pip install safetensors)",
-            field="safetensors",
-        ) from None
+    require("safetensors.torch", "converting safetensors files")
+    import safetensors
+
     return safetensors
 
 

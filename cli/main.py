@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from ..codec import CheckpointError, inspect
 from ..formats.state_bits import ENCODINGS, encoding_by_name
+from ..optional import MissingDependencyError, require
 from .convert import EXTENSIONS, FORMATS, convert, format_of_path
 from .describe import describe, summarize
 from .validation import load_destination, validate
@@ -118,6 +119,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if not args.codec:
+        require("torch", "the training demo", "`tlckpt demo --codec` runs without it")
     if args.codec:
         from .demo import codec_demo
 
@@ -225,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except CheckpointError as exc:
         print(f"tlckpt: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_REJECTED
+    except MissingDependencyError as exc:
+        print(f"tlckpt {args.command}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REJECTED
     except BrokenPipeError:
         # The reader of our output went away (``tlckpt inspect f | head``): not an error

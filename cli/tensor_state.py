@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import CheckpointError, ConfigError
+from ..codec import ConfigError
 from ..formats.state_bits import ENCODINGS, encoding_by_name
+from ..optional import require
 
 __all__ = [
     "INTEGER_DTYPES",
@@ -77,13 +78,8 @@ def label(t: StateTensor, index: int) -> str:
 
 
 def torch_module() -> Any:
-    try:
-        import torch
-    except ModuleNotFoundError:
-        raise CheckpointError(
-            "this conversion needs torch (pip install torch)", field="torch"
-        ) from None
-    return torch
+    """``torch``, or :class:`~tlckpt.optional.MissingDependencyError` saying how to get it."""
+    return require("torch", "converting safetensors and .pt files")
 
 
 def _torch_dtype(encoding: str) -> Any:

@@ -14,9 +14,19 @@ reads or writes the one file, the same file one process would (:mod:`.sharded_st
 :mod:`.sharded_optimizer`), so a checkpoint loads into any number of ranks.
 """
 
-from .module_state import load_module_state, load_state_bits, save_module_state, save_state_bits
-from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer
-from .slots import schema_of
+from ..optional import require
+
+# Before anything below imports torch: without it, one message that says what to install.
+require("torch", "tlckpt.runtime (torch models and optimizers)")
+
+from .module_state import (  # noqa: E402
+    load_module_state,
+    load_state_bits,
+    save_module_state,
+    save_state_bits,
+)
+from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer  # noqa: E402
+from .slots import schema_of  # noqa: E402
 
 __all__ = [
     "schema_of",
