@@ -16,6 +16,7 @@ from ..formats.framing import FLOAT32_STATE_MAGIC
 from ..formats.primitives import product
 from .adam import PayloadSink
 from .atomic import output
+from .batches import RecordBatch
 from .errors import (
     CheckpointError,
     SchemaMismatchError,
@@ -70,6 +71,18 @@ class _StateReader(Visitor):
                 check_shape_field(path[2], value, self.shapes[index], offset, "tensor", path)
         elif len(path) == 2:
             self.found.append(tuple(value.dims))
+
+    def batches(self, path: Path) -> bool:
+        # Scans (no destination, payloads skipped) take runs of alike tensors at once.
+        return self.shapes is None and self.skip
+
+    def on_records(self, path: Path, batch: RecordBatch) -> bool:
+        if "dims" in batch.constants:
+            self.found.extend([tuple(batch.constants["dims"])] * batch.count)
+        else:
+            self.found.extend(map(tuple, batch.values("dims")))
+        self.offsets.extend(batch.payload_offsets("payload").tolist())
+        return True
 
     def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
         if self.shapes is None or index >= len(self.shapes):

@@ -28,6 +28,7 @@ import numpy as np
 from construct import ConstructError, Container, Struct
 from construct.core import evaluate
 
+from .batches import ChunkWindow, RecordBatch, batchable, scan_batch
 from .errors import CheckpointError, MalformedError, from_construct
 from .gcpause import gc_paused
 from .paths import Path, field_name
@@ -39,6 +40,8 @@ from .plan import (
     Records,
     Run,
     U64Array,
+    checks_pass,
+    child_context,
     compile_struct,
     fixed_size,
     header_format,
@@ -49,6 +52,11 @@ __all__ = ["Path", "Visitor", "parse", "build", "field_name", "interpreted"]
 
 # Whether runs of fixed fields use the precompiled struct path (the default) or construct's
 # interpreted parser field by field. Tests switch it off to show that both agree.
+#: Fewest alike records handed to a visitor as one batch; shorter runs are walked.
+MIN_BATCH = 16
+#: Most records walked one at a time between two attempts at a batch.
+MAX_PAUSE = 1024
+
 _FAST_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("tlckpt_fast_path", default=True)
 
 
@@ -94,22 +102,25 @@ class Visitor:
         """
         return None
 
+    def batches(self, path: Path) -> bool:
+        """Whether the array of records at ``path`` may reach :meth:`on_records` in batches.
 
-def _child_context(st: Struct, parent: Container, parsing: bool) -> Container:
-    # The context construct's own Struct makes, so `this` lambdas evaluate alike.
-    ctx = Container(
-        _=parent,
-        _params=parent._params,
-        _root=None,
-        _parsing=parsing,
-        _building=not parsing,
-        _sizing=False,
-        _subcons=st._subcons,
-        _io=None,
-        _index=parent.get("_index", None),
-    )
-    ctx._root = parent.get("_root", ctx)
-    return ctx
+        Only for visitors that skip that array's payloads: a batch's payloads are not read,
+        and ``payload_buffer`` is not asked about them. The walker then keeps no value per
+        record for that array (its value is the record count, as for streamed arrays).
+        """
+        return False
+
+    def on_records(self, path: Path, batch: RecordBatch) -> bool:
+        """Take ``batch.count`` records of the array at ``path`` at once; ``True`` if taken.
+
+        The batch's records passed every check of the spec. Check them against the
+        visitor's own rules in bulk and return ``True`` to take them: neither ``on_field``
+        nor ``payload_buffer`` is then called for them. Return ``False``, having changed
+        nothing, to have them walked one at a time instead — the way to the exact error of
+        a record that breaks a rule.
+        """
+        return False
 
 
 def _count(value: Any, path: Path, offset: int) -> int:
@@ -127,20 +138,6 @@ def _builds_from_none(step: Any) -> bool:
     if isinstance(step, Nested):
         return bool(step.struct.flagbuildnone)
     return False
-
-
-def _checks_pass(checks: tuple, value: Any, ctx: Container) -> bool:
-    for kind, arg in checks:
-        if kind == "const":
-            if value != arg:
-                return False
-        else:
-            try:
-                if not arg.check(value, ctx):
-                    return False
-            except Exception:  # a check that cannot even run on this value fails
-                return False
-    return True
 
 
 class _Parser:
@@ -161,7 +158,7 @@ class _Parser:
         known: dict[str, Any] | None = None,
         start: int = 0,
     ) -> Container:
-        ctx = _child_context(st, parent, parsing=True)
+        ctx = child_context(st, parent, parsing=True)
         obj = Container()
         if known:
             obj.update(known)
@@ -193,7 +190,7 @@ class _Parser:
         values = step.codec.unpack(src.read(step.codec.size, path))
         offset = start
         for k, value in enumerate(values):
-            if step.checks[k] and not _checks_pass(step.checks[k], value, ctx):
+            if step.checks[k] and not checks_pass(step.checks[k], value, ctx):
                 src.seek(offset)
                 self.diagnose(step, k, offset, ctx, obj, path)
             name = step.names[k]
@@ -259,25 +256,12 @@ class _Parser:
         if t is Records:
             count = _count(evaluate(step.count, ctx), path, src.pos)
             src.need(count * step.min_size, path)
-            item = step.item
+            if self.fast and count >= MIN_BATCH and self.visitor.batches(path) and batchable(step):
+                return self.batched(step, count, ctx, path)
             template = self.visitor.record_template if step.prefix and self.fast else None
             out = []
             for i in range(count):
-                ctx._index = i
-                offset = src.pos
-                sub = (*path, i)
-                known = template(path, i) if template is not None else None
-                if known is not None and self.header_matches(item, step.prefix, known):
-                    if step.simple_tail:
-                        # Header known and checked; the rest is payloads that need only it.
-                        value = Container(known)
-                        for tail in item.steps[step.prefix :]:
-                            value[tail.name] = self.payload(tail, value, (*sub, tail.name))
-                    else:
-                        value = self.struct(item.struct, item.steps, ctx, sub, known, step.prefix)
-                else:
-                    value = self.value(item, ctx, sub)
-                self.on_field(sub, value, offset, ctx)
+                value = self.record(step, i, ctx, path, template)
                 if not step.streamed:
                     out.append(value)
             return count if step.streamed else out
@@ -287,6 +271,60 @@ class _Parser:
             chosen = step.then if evaluate(step.cond, ctx) else step.otherwise
             return self.value(chosen, ctx, path)
         return self.leaf(step.subcon, ctx, path)
+
+    def record(
+        self, step: Records, i: int, ctx: Container, path: Path, template: Any = None
+    ) -> Any:
+        """Record ``i`` of an array, at the source's position; visited, and returned."""
+        src = self.src
+        item = step.item
+        ctx._index = i
+        offset = src.pos
+        sub = (*path, i)
+        known = template(path, i) if template is not None else None
+        if known is not None and self.header_matches(item, step.prefix, known):
+            if step.simple_tail:
+                # Header known and checked; the rest is payloads that need only it.
+                value = Container(known)
+                for tail in item.steps[step.prefix :]:
+                    value[tail.name] = self.payload(tail, value, (*sub, tail.name))
+            else:
+                value = self.struct(item.struct, item.steps, ctx, sub, known, step.prefix)
+        else:
+            value = self.value(item, ctx, sub)
+        self.on_field(sub, value, offset, ctx)
+        return value
+
+    def batched(self, step: Records, count: int, ctx: Container, path: Path) -> int:
+        """An array whose visitor takes batches: runs of records alike go to
+        ``on_records`` at once, every other record (and every record of a declined batch)
+        is walked as usual, so errors are those of the record-at-a-time path."""
+        src, visitor = self.src, self.visitor
+        window = ChunkWindow(src)
+        i = pause = misses = 0
+        while i < count:
+            if not pause:
+                start = src.pos
+                batch = scan_batch(window, step, ctx, i, count - i)
+                src.seek(start)
+                if (
+                    batch is not None
+                    and batch.count >= MIN_BATCH
+                    and visitor.on_records(path, batch)
+                ):
+                    src.seek(start + batch.count * batch.stride)
+                    i += batch.count
+                    misses = 0
+                    continue
+                # Walk what the batch held (a declined batch gets its exact error that way),
+                # and try again later, later still after each miss: a file of records that
+                # never repeat costs a bounded share of scanning attempts.
+                misses += 1
+                pause = max(1 if batch is None else batch.count, min(1 << misses, MAX_PAUSE))
+            self.record(step, i, ctx, path)
+            i += 1
+            pause -= 1
+        return count
 
     def payload(self, step: PayloadStep, ctx: Container, path: Path) -> Any:
         src = self.src
@@ -348,7 +386,7 @@ class _Builder:
         self, st: Struct, steps: tuple, obj: Any, parent: Container, path: Path, start: int = 0
     ) -> None:
         obj = Container() if obj is None else obj
-        ctx = _child_context(st, parent, parsing=False)
+        ctx = child_context(st, parent, parsing=False)
         ctx.update(obj)
         for step in steps[start:] if start else steps:
             if type(step) is Run:
@@ -379,7 +417,7 @@ class _Builder:
             for kind, arg in step.checks[k]:
                 if kind == "const" and value is None:
                     value = arg
-            if value is None or not _checks_pass(step.checks[k], value, ctx):
+            if value is None or not checks_pass(step.checks[k], value, ctx):
                 self.diagnose(step, obj, ctx, path)
             if name:
                 ctx[name] = value
