@@ -7,6 +7,18 @@ codec and the command line's codec-level commands start without it (without torc
 name is an ``AttributeError`` saying what to install).
 """
 
+import os as _os
+import sys as _sys
+
+# Before anything else: the atomic writer needs a folder fsync (os.open on a folder) and
+# flock(2), which Windows lacks; saving there would fail on every call, so refuse at once.
+if _os.name != "posix":
+    raise ImportError(
+        "tlckpt supports POSIX systems only (Linux, macOS): its crash-safe saves need"
+        " fsync of a folder and flock(2), which this platform"
+        f" (os.name={_os.name!r}, sys.platform={_sys.platform!r}) does not provide"
+    )
+
 from typing import Any
 
 from .codec import *  # noqa: F403

@@ -4,7 +4,7 @@ Errors are re-exported here and from :mod:`tlckpt`.
 """
 
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
-from .atomic import atomic_output, is_temporary
+from .atomic import atomic_output, clean_temporaries, is_temporary
 from .config import AdamConfig, AdamKind, MomentDtype
 from .errors import (
     CheckpointError,
@@ -46,6 +46,7 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedVersionError",
     "atomic_output",
+    "clean_temporaries",
     "inspect",
     "is_float32_state",
     "is_temporary",
