@@ -21,7 +21,13 @@ from ..formats.primitives import U64_MAX
 from .atomic import output
 from .batches import RecordBatch
 from .config import AdamConfig, AdamKind, MomentDtype
-from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    EntryError,
+    SchemaMismatchError,
+    names_the_file,
+)
 from .framed import check_trailing, read_framing
 from .schema import ParameterSchema
 from .schema_check import SchemaVisitorMixin, schema_values
@@ -299,6 +305,7 @@ def _read(
     )
 
 
+@names_the_file()
 def read_adam(
     path: PathOrFile,
     schema: ParameterSchema,
@@ -338,6 +345,7 @@ def read_adam(
     return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)
 
 
+@names_the_file()
 def scan_adam(path: PathOrFile) -> AdamCheckpoint:
     """Check an Adam checkpoint against its own stored schema, skipping payloads.
 
@@ -405,6 +413,7 @@ def _entry_records(
         }
 
 
+@names_the_file()
 def write_adam(
     path: PathOrFile,
     schema: ParameterSchema,

@@ -22,6 +22,7 @@ from .errors import (
     SchemaMismatchError,
     TruncatedError,
     UnsupportedFormatError,
+    names_the_file,
 )
 from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
@@ -131,6 +132,7 @@ def _read(
     return reader
 
 
+@names_the_file()
 def read_float32_state(
     path: PathOrFile, shapes: Sequence[Sequence[int]], *, sink: PayloadSink | None = None
 ) -> list[Any]:
@@ -166,6 +168,7 @@ class StateLayout:
     mtime_ns: int | None = None
 
 
+@names_the_file()
 def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) -> StateLayout:
     """Check a whole ``TLSF32B`` file against ``shapes`` without copying any payload.
 
@@ -223,11 +226,13 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
             sink.done(index, "payload", buffer)
 
 
+@names_the_file()
 def scan_float32_state(path: PathOrFile) -> list[tuple[int, ...]]:
     """The tensor shapes of a well-formed ``TLSF32B`` file (payloads skipped)."""
     return _read(path, None, None, skip=True).found
 
 
+@names_the_file()
 def is_float32_state(path: PathOrFile) -> bool:
     """Whether the file starts with the ``TLSF32B`` magic (any version)."""
     with open_source(path) as src:
@@ -252,6 +257,7 @@ def _records(arrays: Iterable[Any]):
         yield {"rank": len(shape), "dims": shape, "element_count": array.size, "payload": array}
 
 
+@names_the_file()
 def write_float32_state(
     path: PathOrFile, arrays: Iterable[np.ndarray], *, count: int | None = None
 ) -> None:

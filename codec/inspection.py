@@ -9,7 +9,7 @@ from ..formats import registry
 from ..formats.primitives import product
 from .adam import scan_adam
 from .config import float_bits
-from .errors import UnsupportedFormatError
+from .errors import UnsupportedFormatError, names_the_file
 from .float32_state import scan_float32_state
 from .gcpause import without_gc
 from .source import PathOrFile, open_source
@@ -17,6 +17,7 @@ from .source import PathOrFile, open_source
 __all__ = ["inspect", "sniff_family"]
 
 
+@names_the_file()
 def sniff_family(path: PathOrFile) -> str:
     """``"adam"``, ``"float32_state"`` or ``"state_bits"`` from the first bytes.
 
@@ -61,6 +62,7 @@ class _Elements(dict):
         return n
 
 
+@names_the_file()
 @without_gc  # a description of 10⁶ tensors is 10⁶ small dicts: collections would dominate
 def inspect(path: PathOrFile) -> dict[str, Any]:
     """Describe a checkpoint: family, version, config, schema or tensors, counter, sizes.

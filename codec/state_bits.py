@@ -46,6 +46,7 @@ from .errors import (
     MalformedError,
     SchemaMismatchError,
     UnsupportedFormatError,
+    names_the_file,
 )
 from .source import PathOrFile, open_source
 
@@ -181,6 +182,7 @@ def _values_json(words: np.ndarray, native: np.dtype) -> Iterator[bytes]:
     yield b"]"
 
 
+@names_the_file()
 def write_state_bits(
     path: PathOrFile,
     arrays: Sequence[np.ndarray],
@@ -591,6 +593,7 @@ def _expected_shapes(shapes: Iterable[Iterable[int]]) -> list[tuple[int, ...]]:
     return result
 
 
+@names_the_file()
 def read_state_bits(
     path: PathOrFile, shapes: Sequence[Sequence[int]], encoding: str | ScalarFormat
 ) -> list[np.ndarray]:

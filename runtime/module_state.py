@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError
+from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError, names_the_file
 from ..codec.float32_state import (
     read_float32_payloads,
     validate_float32_state,
@@ -129,6 +129,7 @@ def host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
     return host.numpy().reshape(t.shape)
 
 
+@names_the_file()
 @without_gc
 def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Write a float32 model's state as a ``TLSF32B`` file (atomically for a path).
@@ -272,6 +273,7 @@ class _Installer:
             t.copy_(values)
 
 
+@names_the_file()
 @without_gc
 def load_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Load a ``TLSF32B`` file into a float32 model, in place, all or nothing.
@@ -324,6 +326,7 @@ def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, 
     return named, dtype, encoding_of(dtype, "model state")
 
 
+@names_the_file()
 @without_gc
 def save_state_bits(
     module_or_tensors: ModuleOrTensors, path: PathOrFile, *, pretty: bool = True
@@ -361,6 +364,7 @@ def save_state_bits(
     write_state_bits(path, arrays, encoding, pretty=pretty)
 
 
+@names_the_file()
 @without_gc
 def load_state_bits(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Load exact-bits JSON state into the model in place, all or nothing.

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..codec.adam import AdamEntry, read_adam, write_adam
-from ..codec.errors import CheckpointError, ConfigError, EntryError
+from ..codec.errors import CheckpointError, ConfigError, EntryError, names_the_file
 from ..codec.gcpause import without_gc
 from ..codec.source import PathOrFile
 from .adam_binding import AdamBinding, bind_adam, step_tensor, step_value
@@ -104,6 +104,7 @@ def checked_steps(binding: AdamBinding) -> dict[int, int]:
     return steps
 
 
+@names_the_file()
 @without_gc
 def save_optimizer(
     optimizer: torch.optim.Optimizer,
@@ -221,6 +222,7 @@ def in_group_order(optimizer: torch.optim.Optimizer, by_param: dict[int, dict]) 
     return plan
 
 
+@names_the_file()
 @without_gc
 def load_optimizer(
     optimizer: torch.optim.Optimizer,
