@@ -63,11 +63,17 @@ class StateTensor:
 
 @dataclass
 class State:
-    """The tensors of one file, in order; ``encoding`` is the file's one scalar type, if any."""
+    """The tensors of one file, in order; ``encoding`` is the file's one scalar type, if any.
+
+    ``ordered`` is false when the file does not say in which order its tensors go (a
+    safetensors file without tlckpt's order metadata): they are then in name order, which a
+    positional file must not take for the model's order.
+    """
 
     tensors: list[StateTensor]
     encoding: str | None
     named: bool
+    ordered: bool = True
 
 
 def label(t: StateTensor, index: int) -> str:
