@@ -114,6 +114,21 @@ def test_new_files_follow_the_umask_in_force(writer: str, mask: int, tmp_path: P
     _only(tmp_path, "ckpt")
 
 
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_saving_never_touches_the_umask(
+    writer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the umask means setting it, which another thread would see: never done."""
+
+    def umask(mask: int) -> int:
+        raise AssertionError("os.umask called during a save")
+
+    WRITERS[writer](tmp_path / "warm-up")  # lazy imports (torch, safetensors) happen here
+    monkeypatch.setattr(os, "umask", umask)
+    WRITERS[writer](tmp_path / "ckpt")
+    WRITERS[writer](tmp_path / "ckpt")  # overwriting too
+
+
 @pytest.mark.parametrize("writer", ["write_float32_state", "save_optimizer", "cli convert"])
 def test_overwriting_keeps_the_mode_whatever_the_umask(writer: str, tmp_path: Path) -> None:
     dest = tmp_path / "ckpt"
