@@ -12,7 +12,12 @@ A spec is an ordinary construct ``Struct``. :func:`parse` and :func:`build` exec
   check each value against the destination the moment it is read;
 * runs of fixed scalar fields are decoded with one precompiled ``struct`` call; whenever a
   run fails (a check, or too few bytes), it is re-parsed with construct's interpreted parser
-  to produce the exact error.
+  to produce the exact error;
+* a visitor that skips an array's payloads may take its records in batches: runs of records
+  that lay out alike, checked at once from an in-memory chunk (:mod:`.batches`); every other
+  record, and every record of a batch the visitor declines, is walked as above.
+
+Under :func:`interpreted` neither precompiled structs nor batches are used.
 """
 
 from __future__ import annotations
@@ -50,13 +55,13 @@ from .source import Source
 
 __all__ = ["Path", "Visitor", "parse", "build", "field_name", "interpreted"]
 
-# Whether runs of fixed fields use the precompiled struct path (the default) or construct's
-# interpreted parser field by field. Tests switch it off to show that both agree.
 #: Fewest alike records handed to a visitor as one batch; shorter runs are walked.
 MIN_BATCH = 16
 #: Most records walked one at a time between two attempts at a batch.
 MAX_PAUSE = 1024
 
+# Whether runs of fixed fields use the precompiled struct path (the default) or construct's
+# interpreted parser field by field. Tests switch it off to show that both agree.
 _FAST_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("tlckpt_fast_path", default=True)
 
 
