@@ -27,6 +27,8 @@ __all__ = [
     "ConfigError",
     "EntryError",
     "MalformedError",
+    "FileChangedError",
+    "PartialLoadError",
     "error_for_category",
     "from_construct",
     "names_the_file",
@@ -111,6 +113,29 @@ class EntryError(CheckpointError):
 
 class MalformedError(CheckpointError):
     """Not JSON, wrong JSON types, words out of range."""
+
+
+class FileChangedError(CheckpointError):
+    """The file changed while it was being read (another process wrote, truncated or
+    extended it in place); nothing live was changed. Load it again once it is complete."""
+
+
+class PartialLoadError(CheckpointError):
+    """An in-place load (``staged=False``) failed after it had begun overwriting live
+    tensors: the model is partially updated. The message says how many tensors were
+    overwritten (also ``actual``, of ``expected`` in all); the cause (the file changed, was
+    truncated, or an ``OSError``) is ``__cause__``. Load a complete file again, or restore
+    the model."""
+
+    @property
+    def written(self) -> Any:
+        """How many tensors had been (possibly partly) overwritten (``actual``)."""
+        return self.actual
+
+    @property
+    def total(self) -> Any:
+        """How many tensors the load was to write (``expected``)."""
+        return self.expected
 
 
 _BY_CATEGORY: dict[str, type[CheckpointError]] = {
