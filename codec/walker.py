@@ -27,7 +27,7 @@ import contextvars
 import io
 import struct
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 from construct import ConstructError, Container, Struct
@@ -53,7 +53,7 @@ from .plan import (
 )
 from .source import Source
 
-__all__ = ["Path", "Visitor", "parse", "build", "field_name", "interpreted"]
+__all__ = ["Path", "Visitor", "VisitorProtocol", "parse", "build", "field_name", "interpreted"]
 
 #: Fewest alike records handed to a visitor as one batch; shorter runs are walked.
 MIN_BATCH = 16
@@ -75,24 +75,55 @@ def interpreted() -> Iterator[None]:
         _FAST_PATH.reset(token)
 
 
-class Visitor:
-    """Hooks the walker calls while parsing; subclass to check and collect.
+@runtime_checkable
+class VisitorProtocol(Protocol):
+    """The hooks :func:`parse` calls, with the exact signatures it calls them with.
 
-    The defaults accept everything and allocate a fresh numpy array per payload.
+    :class:`Visitor` is the default implementation; a visitor subclasses it (or implements
+    all four hooks itself). The walker passes every argument by position; the parameter
+    names here are the contract all visitors share. A test checks every visitor class of
+    the package and of the fuzzing harness against these signatures, so that a hook that
+    drifts fails loudly instead of raising a ``TypeError`` deep inside a parse.
     """
 
-    def on_field(self, path: Path, value: Any, offset: int, context: Container) -> None:
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        """Called after each named field (at any depth) is decoded; raise to reject."""
+        ...
+
+    def payload_buffer(
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
+    ) -> Any | None:
+        """A writable C-contiguous buffer for the payload at byte ``offset``, or ``None``."""
+        ...
+
+    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
+        """Called once ``buffer`` is filled; the result is stored as the field's value."""
+        ...
+
+    def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
+        """The values record ``index`` of the array at ``path`` must have, or ``None``."""
+        ...
+
+
+class Visitor(VisitorProtocol):
+    """Hooks the walker calls while parsing; subclass to check and collect.
+
+    The default implementation of :class:`VisitorProtocol`: it accepts everything and
+    allocates a fresh numpy array per payload.
+    """
+
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         """Called after each named field (at any depth) is decoded; raise to reject."""
 
     def payload_buffer(
-        self, path: Path, count: int, dtype: np.dtype, context: Container, offset: int
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
     ) -> Any | None:
         """A writable C-contiguous buffer of ``count`` ``dtype`` elements, or ``None`` to skip
         the payload (its size has already been checked against the bytes left). ``offset``
         is the payload's position in the file."""
         return np.empty(count, dtype=dtype)
 
-    def payload_done(self, path: Path, buffer: Any, context: Container) -> Any:
+    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
         """Called once ``buffer`` is filled; the result is stored as the field's value."""
         return buffer
 
