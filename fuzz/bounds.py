@@ -35,12 +35,15 @@ RETIME_ABOVE_S = 0.25
 
 
 def _status_kib(*keys: str) -> dict[str, int]:
-    out = {}
+    # One read and a find per key: called several times per input, a line-by-line parse
+    # of the ~60 lines was close to half of the campaign's time on small inputs.
     with open("/proc/self/status", "rb") as f:
-        for line in f:
-            for key in keys:
-                if line.startswith(key.encode() + b":"):
-                    out[key] = int(line.split()[1])
+        text = f.read()
+    out = {}
+    for key in keys:
+        at = text.find(b"\n" + key.encode() + b":")
+        if at >= 0:
+            out[key] = int(text[at:].split(None, 2)[1])
     return out
 
 
