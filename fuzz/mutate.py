@@ -18,9 +18,10 @@ scaled per started MiB).
 
 Record-level mutations (records duplicated, deleted, swapped, overwritten; see
 :func:`fuzz.mutators.record_mutation`) run in both phases and are counted apart per format.
-In the random phase a seed is picked with a weight that falls with its size above 64 KiB
-(:func:`seed_weight`), so that the few 1 MiB seeds, whose reads cost a hundred times more,
-do not take most of the time.
+In the random phase a seed is picked with a weight inverse to what one of its inputs costs
+(:func:`seed_weights`: each seed gets about the same share of the time), so that the few
+1 MiB max-record seeds, whose reads cost a thousand times those of a vector, do not take
+most of it.
 
 Cases run in forked worker processes (batches of cases per worker), so that a hang or a
 crash is caught (the parent kills a worker that makes no progress for ``--hang-seconds``),
@@ -302,25 +303,29 @@ def _schedule(seeds: list[Seed], streams: list[Iterator], chunk: int) -> Iterato
                     break
 
 
-#: Seeds up to this size are picked with weight 1 in the random phase.
-WEIGHT_FULL_BELOW = 64 * 1024
+#: Seconds an input costs whatever its seed: applying the mutation, the measurements, pipes.
+PER_INPUT_OVERHEAD_S = 0.002
 
 
-def seed_weight(seed: Seed) -> float:
-    """The random phase's weight for ``seed``: 1 up to 64 KiB, then inversely to its size.
+def seed_weights(seeds: list[Seed]) -> list[float]:
+    """The random phase's weights: the inverse of what one input of each seed costs.
 
-    Reads of the 1 MiB seeds (most of all those with as many records as fit) cost up to a
-    hundred times those of small ones; with uniform picks the three max-record seeds alone
-    took 85 % of the time. At 1/16 each 1 MiB seed still gets several times the time of a
-    small one.
+    The cost is the time the seed's readers take on the unmutated file (untraced, best of
+    two) plus :data:`PER_INPUT_OVERHEAD_S`, so that each seed gets about the same share of
+    the time. Picked uniformly, the three 1 MiB max-record seeds (about a second per read,
+    a thousand times a vector's) took 85 % of the random phase.
     """
-    return min(1.0, WEIGHT_FULL_BELOW / max(1, len(seed.data)))
+    weights = []
+    for seed in seeds:
+        cost = sum(retime(fn, seed.data, runs=2) for _, fn in readers(seed))
+        weights.append(1.0 / (PER_INPUT_OVERHEAD_S + cost))
+    return weights
 
 
 def _random_phase(seeds: list[Seed], rng: random.Random) -> Iterator[tuple]:
     maps = {i: field_map(s.data) if s.binary else None for i, s in enumerate(seeds)}
     indices = range(len(seeds))
-    cum_weights = list(itertools.accumulate(seed_weight(s) for s in seeds))
+    cum_weights = list(itertools.accumulate(seed_weights(seeds)))
     while True:
         (i,) = rng.choices(indices, cum_weights=cum_weights)
         yield i, random_specs(seeds[i].data, seeds[i].binary, rng, maps[i])
