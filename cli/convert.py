@@ -9,7 +9,11 @@ Every conversion is exact or refused:
 * TorchLean files are positional, safetensors and ``.pt`` files are named. Going to a named
   file, tensors are called ``"0"``, ``"1"``, ... (or take the names of a reference file); the
   order is kept in the safetensors ``__metadata__`` entry ``tlckpt.order``, so converting back
-  restores it. A safetensors file without that entry is read in its keys' sorted order.
+  restores it. A safetensors file without that entry (written by another tool) does not say
+  in which order its tensors go: going to a positional file it needs the order given
+  (``names_from``: a text file of names, a ``.pt`` state_dict or a tlckpt-written safetensors
+  file, or in the API a list of names, a state_dict or a module), else it is refused — taking
+  the keys' sorted order would silently permute ``layers.10`` before ``layers.2``.
 * ``.pt`` files are read only with ``torch.load(weights_only=True)``: no code runs.
 
 TLSF32B ↔ JSON needs only numpy; safetensors, ``.pt`` and conversions of bfloat16, float8
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -38,8 +43,10 @@ from ..codec import (
     write_float32_state,
     write_state_bits,
 )
+from ..codec.errors import names_the_file
 from ..codec.families import families_differ
 from ..formats.state_bits import ENCODINGS, encoding_by_name
+from ..optional import require
 from . import progress
 from .tensor_state import (
     INTEGER_DTYPES,
@@ -58,6 +65,7 @@ __all__ = [
     "ORDER_KEY",
     "SAFETENSORS_MISSING",
     "format_of_path",
+    "names_in",
     "read_state",
     "write_state",
     "convert",
@@ -80,6 +88,8 @@ EXTENSIONS: dict[str, str] = {
 }
 #: safetensors ``__metadata__`` key holding the tensors' order (a JSON list of names).
 ORDER_KEY = "tlckpt.order"
+#: Formats whose tensors are known by position only.
+POSITIONAL = frozenset({"tlsf32", "json"})
 
 
 def format_of_path(path: str | os.PathLike) -> str | None:
@@ -119,30 +129,26 @@ def _read_safetensors(path: str | os.PathLike) -> State:
     try:
         with safetensors.safe_open(os.fspath(path), framework="pt") as f:
             keys = list(f.keys())
-            order = _order(path, (f.metadata() or {}).get(ORDER_KEY), keys)
+            stored = (f.metadata() or {}).get(ORDER_KEY)
+            # Without tlckpt's order the file does not say which tensor comes first: name
+            # order here, marked unordered (a positional target then needs the order given).
+            order = sorted(keys) if stored is None else _order(path, stored, keys)
             tensors = [from_torch(k, f.get_tensor(k)) for k in order]
     except safetensors.SafetensorError as exc:
         raise MalformedError(
             f"not a readable safetensors file: {exc}", path=path, field="header"
         ) from None
-    return State(tensors, None, named=True)
+    return State(tensors, None, named=True, ordered=stored is not None)
 
 
 def _safetensors() -> Any:
-    try:
-        import safetensors
-        import safetensors.torch
-    except ModuleNotFoundError:
-        raise CheckpointError(
-            "safetensors files need the safetensors package (pip install safetensors)",
-            field="safetensors",
-        ) from None
+    require("safetensors.torch", "converting safetensors files")
+    import safetensors
+
     return safetensors
 
 
-def _order(path: str | os.PathLike, stored: str | None, keys: list[str]) -> list[str]:
-    if stored is None:
-        return sorted(keys)
+def _order(path: str | os.PathLike, stored: str, keys: list[str]) -> list[str]:
     try:
         names = orjson.loads(stored)
     except orjson.JSONDecodeError:
@@ -320,6 +326,16 @@ def write_state(
         CheckpointError: other refusals (duplicate names, torch missing).
         OSError: from the file system.
     """
+    if fmt in POSITIONAL and not state.ordered:
+        raise CheckpointError(
+            f"this safetensors file has no {ORDER_KEY!r} metadata (tlckpt writes it; other"
+            f" tools do not), so it does not say in which order its tensors go, and"
+            f" {FORMATS[fmt]} files are positional: give the model's order with --names-from"
+            " FILE (a text file of names, one per line, or a .pt state_dict or a"
+            " tlckpt-written .safetensors file whose order to copy), or names_from= in the"
+            " API (also a list of names, a state_dict or a module)",
+            field=f"__metadata__.{ORDER_KEY}",
+        )
     if fmt == "tlsf32":
         arrays = [exact_cast(t, i, "float32") for i, t in enumerate(state.tensors)]
         total = sum(a.nbytes for a in arrays)
@@ -334,36 +350,164 @@ def write_state(
     return None
 
 
-def _names_from(reference: str | os.PathLike, state: State) -> list[str]:
-    fmt = format_of_path(reference)
-    if fmt not in ("safetensors", "pt"):
+#: What gives tensor names in order: a file (see :func:`names_in`), a sequence of names, a
+#: mapping (a state_dict: its keys) or a module (its ``state_dict()``'s keys).
+NameSource = Any
+
+
+def _label(reference: NameSource) -> str:
+    if isinstance(reference, (str, os.PathLike)):
+        return os.fspath(reference)
+    return "the given names"
+
+
+def _unique_names(names: list[Any], where: str) -> list[str]:
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise CheckpointError(f"{where}: name {name!r} is not a string", field="names-from")
+        if name in seen:
+            raise CheckpointError(f"{where}: name {name!r} appears twice", field="names-from")
+        seen.add(name)
+    return names
+
+
+def _names_in_file(path: str | os.PathLike) -> list[str]:
+    where = os.fspath(path)
+    fmt = format_of_path(path)
+    if fmt == "safetensors":
+        safetensors = _safetensors()
+        try:
+            with safetensors.safe_open(where, framework="numpy") as f:
+                keys, stored = list(f.keys()), (f.metadata() or {}).get(ORDER_KEY)
+        except safetensors.SafetensorError as exc:
+            raise MalformedError(
+                f"not a readable safetensors file: {exc}", path=path, field="header"
+            ) from None
+        if stored is None:
+            raise CheckpointError(
+                f"{where} has no {ORDER_KEY!r} metadata either: its order is not known",
+                field="names-from",
+            )
+        return _order(path, stored, keys)
+    if fmt == "pt":
+        ref = read_state(path, fmt)
+        if not ref.named:
+            raise CheckpointError(f"{where} holds no names", field="names-from")
+        return [str(t.name) for t in ref.tensors]
+    if fmt in POSITIONAL:
         raise CheckpointError(
-            f"--names-from takes a .safetensors or .pt file, got {os.fspath(reference)!r}",
+            f"{where} is positional and holds no names; --names-from takes a text file of"
+            " names, one per line, or a .pt/.safetensors file",
             field="names-from",
         )
-    ref = read_state(reference, fmt)
-    if not ref.named:
-        raise CheckpointError(f"{os.fspath(reference)} holds no names", field="names-from")
-    if len(ref.tensors) != len(state.tensors):
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedError(
+            f"a names file is UTF-8 text, one name per line: {exc}",
+            path=path,
+            field="names-from",
+        ) from None
+    return _unique_names([line for line in text.splitlines() if line.strip()], where)
+
+
+def names_in(reference: NameSource) -> list[str]:
+    """Tensor names in order, from a reference.
+
+    Args:
+        reference: a path — a ``.pt``/``.pth`` state_dict (its key order), a ``.safetensors``
+            file with tlckpt's order metadata, or any other file as UTF-8 text, one name per
+            line (blank lines ignored) — or a sequence of names, a mapping (a state_dict:
+            its keys) or a module (its ``state_dict()``'s keys).
+
+    Returns:
+        The names, each once.
+
+    Raises:
+        CheckpointError: the reference holds no names, or repeats one.
+        OSError: from the file system.
+    """
+    if isinstance(reference, (str, os.PathLike)):
+        return _names_in_file(reference)
+    if isinstance(reference, Mapping):
+        names = list(reference.keys())
+    elif callable(getattr(reference, "state_dict", None)):
+        names = list(reference.state_dict().keys())
+    elif isinstance(reference, Sequence):
+        names = list(reference)
+    else:
+        raise TypeError(
+            "names_from takes a path, a sequence of names, a state_dict or a module,"
+            f" not {type(reference).__name__}"
+        )
+    return _unique_names(names, "the given names")
+
+
+def _in_order(state: State, names: list[str], where: str) -> State:
+    """A named state's tensors in the order of ``names``, which must name each exactly once."""
+    by_name = {t.name: t for t in state.tensors}
+    listed = set(names)
+    missing = [n for n in names if n not in by_name]
+    extra = [str(n) for n in by_name if n not in listed]
+    if missing or extra:
+
+        def few(items: list[str]) -> str:
+            return ", ".join(map(repr, items[:5])) + (
+                f" and {len(items) - 5} more" if len(items) > 5 else ""
+            )
+
+        parts = [f"{len(missing)} not in the file ({few(missing)})"] if missing else []
+        parts += [f"{len(extra)} of the file's not listed ({few(extra)})"] if extra else []
         raise SchemaMismatchError(
-            f"{os.fspath(reference)} has {len(ref.tensors)} tensors, the source"
-            f" {len(state.tensors)}",
+            f"the order in {where} must name exactly the file's {len(by_name)} tensors: "
+            + "; ".join(parts),
+            field="names-from",
+            actual=sorted(listed),
+            expected=sorted(map(str, by_name)),
+        )
+    return State([by_name[n] for n in names], state.encoding, named=True, ordered=True)
+
+
+def _names_from(reference: NameSource, state: State) -> list[str]:
+    """Names for a positional state's tensors, from a reference with as many (and, for a
+    model-state file, the same shapes)."""
+    where = _label(reference)
+    fmt = format_of_path(reference) if isinstance(reference, (str, os.PathLike)) else None
+    if fmt in ("safetensors", "pt"):
+        ref = read_state(reference, fmt)
+        if not ref.named:
+            raise CheckpointError(f"{where} holds no names", field="names-from")
+        if not ref.ordered:
+            raise CheckpointError(
+                f"{where} has no {ORDER_KEY!r} metadata: the order of its names is not known",
+                field="names-from",
+            )
+        shapes: list[tuple[int, ...]] | None = [t.shape for t in ref.tensors]
+        names = [str(t.name) for t in ref.tensors]
+    else:
+        shapes, names = None, names_in(reference)
+    if len(names) != len(state.tensors):
+        raise SchemaMismatchError(
+            f"{where} has {len(names)} tensors, the source {len(state.tensors)}",
             field="names-from",
             actual=len(state.tensors),
-            expected=len(ref.tensors),
+            expected=len(names),
         )
-    for i, (a, b) in enumerate(zip(ref.tensors, state.tensors)):
-        if a.shape != b.shape:
+    for i, (want, t) in enumerate(zip(shapes or [], state.tensors)):
+        if want != t.shape:
             raise SchemaMismatchError(
-                f"tensor {i}: shape {b.shape} in the source, {a.shape} for {a.name!r} in"
-                f" {os.fspath(reference)}",
+                f"tensor {i}: shape {t.shape} in the source, {want} for {names[i]!r} in {where}",
                 field=f"tensors[{i}]",
-                actual=b.shape,
-                expected=a.shape,
+                actual=t.shape,
+                expected=want,
             )
-    return [str(t.name) for t in ref.tensors]
+    return names
 
 
+@names_the_file("src")
 def convert(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -371,7 +515,7 @@ def convert(
     src_format: str,
     dst_format: str,
     encoding: str | None = None,
-    names_from: str | os.PathLike | None = None,
+    names_from: NameSource | None = None,
     pretty: bool = True,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
 ) -> dict[str, Any]:
@@ -381,8 +525,10 @@ def convert(
         src, dst: source and destination paths.
         src_format, dst_format: keys of :data:`FORMATS`.
         encoding: scalar type of a JSON destination (see :func:`write_state`).
-        names_from: a ``.safetensors``/``.pt`` file whose names (in order) name the tensors
-            of a positional source.
+        names_from: names in order (see :func:`names_in`). For a positional source (TLSF32B,
+            JSON) going to a named file: the names of its tensors. For a named source: the
+            order of its tensors, naming each exactly once — required to write a positional
+            file from a safetensors file without tlckpt's order metadata.
         pretty: indented JSON.
         max_json_bytes: the largest exact-bits JSON source read (see :func:`read_state`).
 
@@ -392,16 +538,28 @@ def convert(
 
     Raises:
         CheckpointError: the source is not well-formed or the destination cannot hold it
-            exactly; the destination is then untouched.
+            exactly, or the source's order is not known and is needed; the destination is
+            then untouched.
         OSError: from the file system.
     """
     state = read_state(src, src_format, max_json_bytes=max_json_bytes)
-    names = None if names_from is None else _names_from(names_from, state)
+    names = None
+    ordered_by = None
+    if names_from is not None:
+        if state.named:
+            state = _in_order(state, names_in(names_from), _label(names_from))
+            ordered_by = _label(names_from)
+        else:
+            names = _names_from(names_from, state)
     written = write_state(state, dst, dst_format, encoding=encoding, names=names, pretty=pretty)
-    if dst_format in ("tlsf32", "json"):
+    if dst_format in POSITIONAL:
         kept = "dropped (TorchLean files are positional)" if state.named else None
+        if ordered_by is not None:
+            kept = f"dropped, tensors in the order of {ordered_by}"
     elif names is not None:
-        kept = f"taken from {os.fspath(names_from)}"
+        kept = f"taken from {_label(names_from)}"
+    elif ordered_by is not None:
+        kept = f"kept, in the order of {ordered_by}"
     else:
         kept = "kept" if state.named else "are the positions 0..n-1"
     return {

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from ..codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect
 from ..formats.state_bits import ENCODINGS, encoding_by_name
-from .convert import EXTENSIONS, FORMATS, convert, format_of_path
+from ..optional import MissingDependencyError, require
+from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
 from .describe import describe, summarize
 from .validation import load_destination, validate
 
@@ -111,8 +112,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             f"unknown --dtype {args.dtype!r}; expected one of {', '.join(ENCODINGS)}"
             " or a torchlean_state_*_v1 format tag"
         )
-    if args.names_from is not None and dst_format not in ("safetensors", "pt"):
-        raise _UsageError("--names-from applies to a .safetensors or .pt destination only")
+    if args.names_from is not None and {src_format, dst_format} <= POSITIONAL:
+        raise _UsageError(
+            "--names-from names the tensors of a positional source going to a named file, or"
+            " orders a named source; neither file here has names"
+        )
     try:
         result = convert(
             args.src,
@@ -136,6 +140,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if not args.codec:
+        require("torch", "the training demo", "`tlckpt demo --codec` runs without it")
     if args.codec:
         from .demo import codec_demo
 
@@ -215,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--names-from",
         metavar="FILE",
-        help="a .safetensors/.pt file whose tensor names (in order) name a positional source",
+        help="tensor names in order: a text file (one name per line), a .pt state_dict or a"
+        " tlckpt-written .safetensors file. Names a positional source going to a named file;"
+        " orders a named source (needed to write TLSF32B/JSON from a safetensors file that"
+        " other tools wrote)",
     )
     p.add_argument("--compact", action="store_true", help="compact JSON (default: indented)")
     _max_json_option(p)
@@ -257,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except CheckpointError as exc:
         print(f"tlckpt: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_REJECTED
+    except MissingDependencyError as exc:
+        print(f"tlckpt {args.command}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REJECTED
     except BrokenPipeError:
         # The reader of our output went away (``tlckpt inspect f | head``): not an error

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import CheckpointError, ConfigError
+from ..codec import ConfigError
 from ..formats.state_bits import ENCODINGS, encoding_by_name
+from ..optional import require
 
 __all__ = [
     "INTEGER_DTYPES",
@@ -62,11 +63,17 @@ class StateTensor:
 
 @dataclass
 class State:
-    """The tensors of one file, in order; ``encoding`` is the file's one scalar type, if any."""
+    """The tensors of one file, in order; ``encoding`` is the file's one scalar type, if any.
+
+    ``ordered`` is false when the file does not say in which order its tensors go (a
+    safetensors file without tlckpt's order metadata): they are then in name order, which a
+    positional file must not take for the model's order.
+    """
 
     tensors: list[StateTensor]
     encoding: str | None
     named: bool
+    ordered: bool = True
 
 
 def label(t: StateTensor, index: int) -> str:
@@ -77,13 +84,8 @@ def label(t: StateTensor, index: int) -> str:
 
 
 def torch_module() -> Any:
-    try:
-        import torch
-    except ModuleNotFoundError:
-        raise CheckpointError(
-            "this conversion needs torch (pip install torch)", field="torch"
-        ) from None
-    return torch
+    """``torch``, or :class:`~tlckpt.optional.MissingDependencyError` saying how to get it."""
+    return require("torch", "converting safetensors and .pt files")
 
 
 def _torch_dtype(encoding: str) -> Any:

@@ -57,7 +57,7 @@ from ..codec.source import open_source
 from ..codec.state_bits import inspect_state_bits
 from ..formats.state_bits import encoding_by_name
 from . import progress
-from .convert import format_of_path, read_state
+from .convert import ORDER_KEY, format_of_path, read_state
 from .tensor_state import INTEGER_DTYPES
 
 __all__ = ["Destination", "load_destination", "validate"]
@@ -202,6 +202,14 @@ def _from_description(doc: dict[str, Any], source: str) -> Destination:
 
 def _from_named_state(path: str, fmt: str) -> Destination:
     state = read_state(path, fmt)
+    if not state.ordered:  # its name order is no model's order: comparing by it misleads
+        raise CheckpointError(
+            f"this safetensors file has no {ORDER_KEY!r} metadata, so the order of its tensors"
+            " is not known and a positional file cannot be checked against it; validate"
+            " against a .pt state_dict of the model, or a file converted with --names-from",
+            path=path,
+            field=f"__metadata__.{ORDER_KEY}",
+        )
     floating = {t.encoding for t in state.tensors} - INTEGER_DTYPES
     encoding = floating.pop() if len(floating) == 1 else None
     return Destination(

@@ -4,14 +4,16 @@ Errors are re-exported here and from :mod:`tlckpt`.
 """
 
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
-from .atomic import atomic_output, is_temporary
+from .atomic import atomic_output, clean_temporaries, is_temporary
 from .config import AdamConfig, AdamKind, MomentDtype
 from .errors import (
     CheckpointError,
     ConfigError,
     EntryError,
+    FileChangedError,
     FileTooLargeError,
     MalformedError,
+    PartialLoadError,
     SchemaMismatchError,
     TrailingDataError,
     TruncatedError,
@@ -38,10 +40,12 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "EntryError",
+    "FileChangedError",
     "FileTooLargeError",
     "MalformedError",
     "MomentDtype",
     "ParameterSchema",
+    "PartialLoadError",
     "PayloadSink",
     "SchemaMismatchError",
     "TrailingDataError",
@@ -49,6 +53,7 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedVersionError",
     "atomic_output",
+    "clean_temporaries",
     "inspect",
     "is_float32_state",
     "is_temporary",

@@ -19,8 +19,15 @@ from ..formats.adam import layout_of
 from ..formats.framing import ADAM_MAGIC
 from ..formats.primitives import U64_MAX
 from .atomic import output
+from .batches import RecordBatch
 from .config import AdamConfig, AdamKind, MomentDtype
-from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    EntryError,
+    SchemaMismatchError,
+    names_the_file,
+)
 from .framed import check_trailing, read_framing
 from .schema import ParameterSchema
 from .schema_check import SchemaVisitorMixin, schema_values
@@ -153,6 +160,33 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         elif head not in _BLOCKS and head not in _HEADER_FIELDS:
             self.fields[head] = value
 
+    def batches(self, path: Path) -> bool:
+        if path == ("schema", "slots"):
+            return True
+        return path == ("entries",) and self.skip_payloads
+
+    def on_records(self, path: Path, batch: RecordBatch) -> bool:
+        if path[0] == "schema":
+            return self.schema_records(batch)
+        # Every rule _entry_field applies, for the whole batch; any break: walk it instead.
+        schema = self.schema
+        ids, steps = batch.values("id"), batch.values("step")
+        counts = batch.values("count")
+        entries, seen, owners = self.entries, set(), schema.representative_set
+        for slot, step, count in zip(ids, steps, counts):
+            if (
+                slot not in owners  # also out of range
+                or slot in entries
+                or slot in seen
+                or step == 0
+                or count != schema.element_count(slot)
+            ):
+                return False
+            seen.add(slot)
+        for slot, step in zip(ids, steps):
+            entries[slot] = AdamEntry(step, None, None)
+        return True
+
     def _check_dtype(self, offset: int) -> None:
         if self.dtype is not None and self.file_dtype is not self.dtype:
             raise ConfigError(
@@ -271,6 +305,7 @@ def _read(
     )
 
 
+@names_the_file()
 def read_adam(
     path: PathOrFile,
     schema: ParameterSchema,
@@ -310,6 +345,7 @@ def read_adam(
     return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)
 
 
+@names_the_file()
 def scan_adam(path: PathOrFile) -> AdamCheckpoint:
     """Check an Adam checkpoint against its own stored schema, skipping payloads.
 
@@ -377,6 +413,7 @@ def _entry_records(
         }
 
 
+@names_the_file()
 def write_adam(
     path: PathOrFile,
     schema: ParameterSchema,

@@ -1,40 +1,147 @@
 """Atomic, durable writes: a file at ``path`` is either the old one or the complete new one.
 
-Protocol: a unique temporary sibling (``tempfile.mkstemp`` in the destination's folder, so the
-final rename never crosses file systems), write, flush, ``fsync``, ``os.replace`` over the
-destination, then ``fsync`` the folder so the rename itself survives a power cut. On any
-failure — ``KeyboardInterrupt`` and a caller's generator raising midway included — the
-temporary is removed and the error re-raised; the old file is never opened for writing.
+Protocol: create a unique temporary sibling (in the destination's folder, so the final rename
+never crosses file systems) and hold an exclusive ``flock`` on it, write, flush, ``fsync``,
+``os.replace`` over the destination, then ``fsync`` the folder so the rename itself survives
+a power cut. On any failure — ``KeyboardInterrupt`` and a caller's generator raising midway
+included — the temporary is removed and the error re-raised; the old file is never opened
+for writing.
+
+* **Permissions.** The temporary is created with mode ``0o666`` through ``os.open``, so the
+  kernel applies the process's umask *at that moment*, exactly as a plain ``open()`` would
+  (the umask is never read, so no other thread sees it changed). Overwriting keeps the
+  destination's own mode.
+* **Names.** Temporaries are ``.<name>.tlckpt-<8 random>.tmp``. Where that would exceed the
+  folder's ``NAME_MAX`` (a destination name of 235 bytes or more), ``<name>`` is the
+  destination name cut on a character boundary plus ``~`` and 12 hex digits of its SHA-256,
+  so every name that ``open()`` accepts can be saved to, and temporaries of different
+  destinations stay apart.
+* **Stale temporaries.** A save that is killed (``kill -9``, power cut) leaves its temporary
+  behind. The lock marks a live one: the kernel drops it when the writer's process ends, so
+  a temporary whose lock can be taken belongs to no running save. :func:`clean_temporaries`
+  removes those (never one a live writer holds), and every successful save removes its own
+  destination's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
 import os
-import tempfile
+import re
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 from .source import PathOrFile
 
-__all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "atomic_output", "is_temporary", "output"]
+__all__ = [
+    "TEMP_PREFIX",
+    "TEMP_SUFFIX",
+    "atomic_output",
+    "clean_temporaries",
+    "is_temporary",
+    "output",
+    "temporary_prefix",
+]
 
 #: Temporaries are named ``.<name>.tlckpt-<random>.tmp``: hidden, recognisable, and never
 #: mistaken for a checkpoint (no reader looks at such a name; ``is_temporary`` says so).
 TEMP_PREFIX = "."
 TEMP_SUFFIX = ".tmp"
 _MARK = ".tlckpt-"
-
-# mkstemp creates files readable by the owner only; a checkpoint gets the permissions a
-# plain open() would give it. The umask can only be read by setting it, so once, at import.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+# The random part: 8 characters, as tempfile.mkstemp (which earlier versions used) makes them,
+# so leftovers of those versions are recognised and cleaned too.
+_RANDOM_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_RANDOM_LEN = 8
+# What a cleaner removes: exactly our names, not everything is_temporary recognises.
+_TAIL = re.compile(rf"[{_RANDOM_CHARS}]{{{_RANDOM_LEN}}}{re.escape(TEMP_SUFFIX)}")
+_OURS = re.compile(rf"{re.escape(TEMP_PREFIX)}.*{re.escape(_MARK)}{_TAIL.pattern}", re.DOTALL)
+_OVERHEAD = len(TEMP_PREFIX) + len(_MARK) + _RANDOM_LEN + len(TEMP_SUFFIX)
+_DIGEST_HEX = 12  # of the full name, when it has to be cut: 48 bits keep destinations apart
+_DEFAULT_NAME_MAX = 255
+_ATTEMPTS = 100  # names tried before giving up (as tempfile does)
 
 
 def is_temporary(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a temporary left by an interrupted atomic write."""
-    name = os.path.basename(os.fspath(path))
+    name = os.path.basename(os.fsdecode(path))
     return name.startswith(TEMP_PREFIX) and _MARK in name and name.endswith(TEMP_SUFFIX)
+
+
+def _name_max(folder: str) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, TypeError):  # no such folder yet, or no limit reported
+        return _DEFAULT_NAME_MAX
+
+
+def _cut(name: str, budget: int) -> str:
+    """The longest start of ``name`` whose file-system bytes fit ``budget``, whole
+    characters only."""
+    used = 0
+    for i, ch in enumerate(name):
+        used += len(os.fsencode(ch))
+        if used > budget:
+            return name[:i]
+    return name
+
+
+def temporary_prefix(path: str | os.PathLike) -> str:
+    """The start every temporary of destination ``path`` has: ``.<name>.tlckpt-``.
+
+    ``<name>`` is the destination's name, or, where a temporary would otherwise exceed the
+    folder's ``NAME_MAX`` bytes, its start cut on a character boundary plus ``~`` and the
+    first 12 hex digits of the SHA-256 of the full name.
+    """
+    dest = os.path.abspath(os.fsdecode(path))
+    folder, name = os.path.split(dest)
+    budget = _name_max(folder) - _OVERHEAD
+    if len(os.fsencode(name)) > budget:
+        digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:_DIGEST_HEX]
+        name = f"{_cut(name, budget - 1 - _DIGEST_HEX)}~{digest}"
+    return f"{TEMP_PREFIX}{name}{_MARK}"
+
+
+def _random_part() -> str:
+    data = os.urandom(_RANDOM_LEN)
+    return "".join(_RANDOM_CHARS[b % len(_RANDOM_CHARS)] for b in data)
+
+
+def _same_file(path: str, fd: int) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
+    """A new temporary in ``folder``, open for writing and locked: ``(fd, path)``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(_ATTEMPTS):
+        tmp = os.path.join(folder, f"{prefix}{_random_part()}{TEMP_SUFFIX}")
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for open()
+        except FileExistsError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # A cleaner may have taken the lock between our create and our flock, and
+            # removed the file as stale: then this name is no longer ours. Try another.
+            if _same_file(tmp, fd):
+                return fd, tmp
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", os.path.join(folder, prefix))
 
 
 def _fsync_dir(folder: str) -> None:
@@ -52,9 +159,86 @@ def _name_destination(exc: OSError, dest: str) -> None:
     exc.filename = dest
 
 
+def _remove_if_stale(path: str) -> bool:
+    """Remove the temporary at ``path`` if no live writer holds its lock."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode):  # never follow or remove anything but a plain file
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, PermissionError):  # gone meanwhile, or not ours to judge
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live save holds it
+            return False
+        # Locked by us now: no writer can take this file back. Remove it only if the name
+        # still means the file we locked (a finished save renames its temporary away).
+        if not _same_file(path, fd):
+            return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def _stale_in(folder: str, prefix: str | None) -> list[Path]:
+    """Remove the stale temporaries in ``folder`` (of the destination whose temporaries
+    start with ``prefix``, or all): only names exactly as this library makes them."""
+    start = TEMP_PREFIX if prefix is None else prefix
+    # One listing, a cheap startswith first: in a folder of 10,000 files this is ~6 ms, the
+    # os.listdir itself ~4.5 ms of it (measured on Linux, ext4).
+    names = [n for n in os.listdir(folder) if n.startswith(start)]
+    if prefix is None:
+        names = [n for n in names if _OURS.fullmatch(n)]
+    else:
+        names = [n for n in names if _TAIL.fullmatch(n, len(prefix))]
+    removed = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if _remove_if_stale(path):
+            removed.append(Path(path))
+    return removed
+
+
+def clean_temporaries(path_or_folder: str | os.PathLike) -> list[Path]:
+    """Remove temporaries that killed saves left behind; never one a running save holds.
+
+    A running save holds an exclusive lock on its temporary, which the kernel releases when
+    the writing process ends: a temporary whose lock can be taken is stale. Only plain files
+    named exactly as this library names temporaries (``.<name>.tlckpt-<8 characters of
+    a-z, 0-9, _>.tmp``) are removed.
+
+    Args:
+        path_or_folder: a destination path (its own temporaries, in its folder) or a folder
+            (every temporary in it).
+
+    Returns:
+        The temporaries removed.
+
+    Raises:
+        OSError: the folder cannot be listed.
+    """
+    target = os.path.abspath(os.fsdecode(path_or_folder))
+    if os.path.isdir(target):
+        return _stale_in(target, None)
+    return _stale_in(os.path.dirname(target), temporary_prefix(target))
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a binary file; on clean exit it atomically becomes ``path``.
+
+    The new file gets the mode a plain ``open()`` would give it under the current umask, or
+    the mode of the file it replaces. After the rename, stale temporaries of ``path`` left by
+    killed saves are removed (see :func:`clean_temporaries`).
 
     Args:
         path: destination. If it is a symlink, the link is replaced, not its target
@@ -66,27 +250,28 @@ def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
         OSError: from the file system, with the path; the old file is untouched and the
             temporary removed.
     """
-    dest = os.path.abspath(os.fspath(path))
-    folder, name = os.path.split(dest)
+    dest = os.path.abspath(os.fsdecode(path))
+    folder = os.path.dirname(dest)
+    prefix = temporary_prefix(dest)
     try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f"{TEMP_PREFIX}{name}{_MARK}", suffix=TEMP_SUFFIX, dir=folder
-        )
-    except OSError as exc:  # no such folder, read-only, full: say which destination
+        fd, tmp = _create_temporary(folder, prefix)
+    except OSError as exc:  # no such folder, read-only, full, name too long: say which
         _name_destination(exc, dest)
         raise
     try:
         try:
-            mode = os.stat(dest).st_mode & 0o7777
+            mode: int | None = os.stat(dest).st_mode & 0o7777
         except OSError:
-            mode = 0o666 & ~_UMASK
+            mode = None  # a new file: the umask applied when the temporary was created
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             yield f
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, dest)
+            # Still locked: the temporary never exists unlocked under its name.
+            os.replace(tmp, dest)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -101,6 +286,9 @@ def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
         except OSError as exc:  # the new file is in place; its rename may not be durable yet
             _name_destination(exc, dest)
             raise
+    # Housekeeping only: the save itself has succeeded, whatever the folder says now.
+    with contextlib.suppress(OSError):
+        _stale_in(folder, prefix)
 
 
 @contextlib.contextmanager

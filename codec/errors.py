@@ -7,8 +7,11 @@ the field, the field ``path`` in the spec, and the file vs expected values.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from construct import ConstructError
 
@@ -25,8 +28,11 @@ __all__ = [
     "EntryError",
     "MalformedError",
     "FileTooLargeError",
+    "FileChangedError",
+    "PartialLoadError",
     "error_for_category",
     "from_construct",
+    "names_the_file",
 ]
 
 
@@ -119,6 +125,29 @@ class FileTooLargeError(CheckpointError):
     """
 
 
+class FileChangedError(CheckpointError):
+    """The file changed while it was being read (another process wrote, truncated or
+    extended it in place); nothing live was changed. Load it again once it is complete."""
+
+
+class PartialLoadError(CheckpointError):
+    """An in-place load (``staged=False``) failed after it had begun overwriting live
+    tensors: the model is partially updated. The message says how many tensors were
+    overwritten (also ``actual``, of ``expected`` in all); the cause (the file changed, was
+    truncated, or an ``OSError``) is ``__cause__``. Load a complete file again, or restore
+    the model."""
+
+    @property
+    def written(self) -> Any:
+        """How many tensors had been (possibly partly) overwritten (``actual``)."""
+        return self.actual
+
+    @property
+    def total(self) -> Any:
+        """How many tensors the load was to write (``expected``)."""
+        return self.expected
+
+
 _BY_CATEGORY: dict[str, type[CheckpointError]] = {
     "family": UnsupportedFormatError,
     "version": UnsupportedVersionError,
@@ -162,3 +191,42 @@ def from_construct(
     if writing:
         return CheckpointError(f"cannot write {field}: {text}", offset=offset, field=field)
     return MalformedError(f"cannot parse {field}: {text}", offset=offset, field=field)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def names_the_file(param: str = "path") -> Callable[[_F], _F]:
+    """Decorator for public functions given a file: every :class:`CheckpointError` leaving
+    the function names it (``exc.path``, and the message starts with it).
+
+    The one place where errors raised before a file is opened (caller input refused before a
+    save, a destination the runtime cannot bind) or after it is closed learn its name. An
+    error that already names a file keeps that name. Only paths are attached here; a file
+    object's name is attached by the reader that opens it.
+
+    Args:
+        param: the name of the function's path parameter.
+    """
+
+    def decorate(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+        if param not in signature.parameters:
+            raise TypeError(f"{fn.__qualname__} has no parameter {param!r}")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except CheckpointError as exc:
+                try:
+                    given = signature.bind(*args, **kwargs).arguments.get(param)
+                except TypeError:  # pragma: no cover - the call itself would have failed
+                    given = None
+                if isinstance(given, (str, os.PathLike)):
+                    exc.with_path(given)
+                raise
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

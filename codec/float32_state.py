@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -16,16 +14,17 @@ from ..formats.framing import FLOAT32_STATE_MAGIC
 from ..formats.primitives import product
 from .adam import PayloadSink
 from .atomic import output
+from .batches import RecordBatch
 from .errors import (
     CheckpointError,
     SchemaMismatchError,
-    TruncatedError,
     UnsupportedFormatError,
+    names_the_file,
 )
 from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
 from .schema_check import check_shape_field
-from .source import PathOrFile, open_source
+from .source import FileStamp, PathOrFile, open_source
 from .walker import Path, Visitor, parse
 from .walker import build as build_spec
 
@@ -71,6 +70,18 @@ class _StateReader(Visitor):
         elif len(path) == 2:
             self.found.append(tuple(value.dims))
 
+    def batches(self, path: Path) -> bool:
+        # Scans (no destination, payloads skipped) take runs of alike tensors at once.
+        return self.shapes is None and self.skip
+
+    def on_records(self, path: Path, batch: RecordBatch) -> bool:
+        if "dims" in batch.constants:
+            self.found.extend([tuple(batch.constants["dims"])] * batch.count)
+        else:
+            self.found.extend(map(tuple, batch.values("dims")))
+        self.offsets.extend(batch.payload_offsets("payload").tolist())
+        return True
+
     def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
         if self.shapes is None or index >= len(self.shapes):
             return None
@@ -108,16 +119,18 @@ class _StateReader(Visitor):
 
 def _read(
     path: PathOrFile, shapes: Sequence[Sequence[int]] | None, sink: Any, skip: bool
-) -> _StateReader:
+) -> tuple[_StateReader, FileStamp]:
+    """The parse, and the file's stamp taken before its first byte was read."""
     expected = None if shapes is None else [tuple(map(int, s)) for s in shapes]
     reader = _StateReader(expected, sink, skip)
     with open_source(path) as src:
         spec = read_framing(src, expect=FLOAT32_STATE_MAGIC)
         parse(src, spec.struct, reader)
         check_trailing(src)
-    return reader
+    return reader, src.stamp
 
 
+@names_the_file()
 def read_float32_state(
     path: PathOrFile, shapes: Sequence[Sequence[int]], *, sink: PayloadSink | None = None
 ) -> list[Any]:
@@ -135,7 +148,7 @@ def read_float32_state(
         CheckpointError: a subclass naming the tensor, offset and file vs expected values.
         OSError: from the file system.
     """
-    return _read(path, shapes, sink, skip=False).values
+    return _read(path, shapes, sink, skip=False)[0].values
 
 
 @dataclass(frozen=True)
@@ -145,14 +158,16 @@ class StateLayout:
     Attributes:
         shapes: the tensor shapes, in file order.
         offsets: each payload's absolute byte position in the file object that was checked.
+        stamp: the file's stamp taken before the check read its first byte; the payload
+            pass verifies the file still matches it.
     """
 
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
-    size: int = 0
-    mtime_ns: int | None = None
+    stamp: FileStamp
 
 
+@names_the_file()
 def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) -> StateLayout:
     """Check a whole ``TLSF32B`` file against ``shapes`` without copying any payload.
 
@@ -161,20 +176,14 @@ def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) ->
 
     Returns:
         The payloads' positions, for :func:`read_float32_payloads` on the same open file.
+
+    Raises:
+        CheckpointError: a subclass naming the tensor, offset and file vs expected values;
+            :class:`FileChangedError` if the file changed while it was checked.
+        OSError: from the file system.
     """
-    reader = _read(path, shapes, None, skip=True)
-    size, mtime = _file_state(path)
-    return StateLayout(tuple(reader.found), tuple(reader.offsets), size, mtime)
-
-
-def _file_state(path: PathOrFile) -> tuple[int, int | None]:
-    """Size and modification time of what is being read (the time where it has one)."""
-    with open_source(path) as src:
-        try:
-            mtime = os.fstat(src.file.fileno()).st_mtime_ns
-        except (AttributeError, OSError, io.UnsupportedOperation):
-            mtime = None
-        return src.size, mtime
+    reader, stamp = _read(path, shapes, None, skip=True)
+    return StateLayout(tuple(reader.found), tuple(reader.offsets), stamp)
 
 
 def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink) -> None:
@@ -184,22 +193,17 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
     this very file object, so only the payloads are read (a ``seek`` and a ``readinto`` per
     tensor). The sink may return ``None`` to skip a tensor.
 
+    The file is checked against the stamp the first pass took before it read anything, once
+    before the sink receives its first buffer and once after the last byte is read: a
+    completed call means every byte came from the file the first pass checked.
+
     Raises:
-        TruncatedError: the file shrank since it was validated.
+        FileChangedError: the file changed since the first pass began (found before any
+            buffer was handed out, or after the last byte).
+        TruncatedError: the file shrank under this pass.
         OSError: from the file system.
     """
-    size, mtime = _file_state(file)
-    if size != layout.size or mtime != layout.mtime_ns:
-        # Rewritten in place since the first pass (a non-atomic writer): its checks no
-        # longer hold. Refuse before the sink receives anything.
-        cls = TruncatedError if size < layout.size else CheckpointError
-        raise cls(
-            f"the file changed since it was validated ({layout.size} -> {size} bytes);"
-            " nothing was loaded",
-            actual=size,
-            expected=layout.size,
-        )
-    with open_source(file) as src, gc_paused():
+    with open_source(file, since=layout.stamp) as src, gc_paused():
         for index, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets)):
             count = product(shape)
             buffer = sink.buffer(index, "payload", count, _F32)
@@ -210,11 +214,13 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
             sink.done(index, "payload", buffer)
 
 
+@names_the_file()
 def scan_float32_state(path: PathOrFile) -> list[tuple[int, ...]]:
     """The tensor shapes of a well-formed ``TLSF32B`` file (payloads skipped)."""
-    return _read(path, None, None, skip=True).found
+    return _read(path, None, None, skip=True)[0].found
 
 
+@names_the_file()
 def is_float32_state(path: PathOrFile) -> bool:
     """Whether the file starts with the ``TLSF32B`` magic (any version)."""
     with open_source(path) as src:
@@ -239,6 +245,7 @@ def _records(arrays: Iterable[Any]):
         yield {"rank": len(shape), "dims": shape, "element_count": array.size, "payload": array}
 
 
+@names_the_file()
 def write_float32_state(
     path: PathOrFile, arrays: Iterable[np.ndarray], *, count: int | None = None
 ) -> None:

@@ -9,15 +9,17 @@ from ..formats import registry
 from ..formats.primitives import product
 from .adam import scan_adam
 from .config import float_bits
-from .errors import UnsupportedFormatError
+from .errors import UnsupportedFormatError, names_the_file
 from .families import HEAD_BYTES, JSON_FAMILY, JSON_WHITESPACE, UTF8_BOM, magic_family
 from .float32_state import scan_float32_state
+from .gcpause import without_gc
 from .source import PathOrFile, open_source
 from .state_bits import DEFAULT_MAX_JSON_BYTES, inspect_state_bits
 
 __all__ = ["inspect", "sniff_family"]
 
 
+@names_the_file()
 def sniff_family(path: PathOrFile) -> str:
     """``"adam"``, ``"float32_state"`` or ``"state_bits"`` from the first bytes.
 
@@ -59,6 +61,16 @@ def _float(x: float) -> dict[str, Any]:
     return {"value": x, "bits": f"0x{float_bits(x):016x}"}
 
 
+class _Elements(dict):
+    """Element counts by shape, each product computed once (files repeat their shapes)."""
+
+    def __missing__(self, shape: tuple[int, ...]) -> int:
+        n = self[shape] = product(shape)
+        return n
+
+
+@names_the_file()
+@without_gc  # a description of 10⁶ tensors is 10⁶ small dicts: collections would dominate
 def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> dict[str, Any]:
     """Describe a checkpoint: family, version, config, schema or tensors, counter, sizes.
 
@@ -85,23 +97,23 @@ def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -
         ckpt = scan_adam(path)
         schema = ckpt.schema
         itemsize = ckpt.config.dtype.numpy.itemsize
-        slots = []
-        for i, shape in enumerate(schema.shapes):
-            slots.append(
-                {
-                    "slot": i,
-                    "shape": list(shape),
-                    "elements": schema.element_count(i),
-                    "trainable": schema.requires_grad[i],
-                    "representative": schema.representative(i),
-                }
-            )
+        elements = _Elements()
+        slots = [
+            {
+                "slot": i,
+                "shape": list(shape),
+                "elements": elements[shape],
+                "trainable": schema.requires_grad[i],
+                "representative": schema.representative(i),
+            }
+            for i, shape in enumerate(schema.shapes)
+        ]
         entries = [
             {
                 "id": i,
                 "step": e.step,
-                "elements": schema.element_count(i),
-                "bytes": 2 * itemsize * schema.element_count(i),
+                "elements": elements[schema.shapes[i]],
+                "bytes": 2 * itemsize * elements[schema.shapes[i]],
             }
             for i, e in sorted(ckpt.entries.items())
         ]
@@ -127,12 +139,14 @@ def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -
         }
     if family == "float32_state":
         shapes = scan_float32_state(path)
+        elements = _Elements()
         return {
             "family": "float32_state",
             "magic": "TLSF32B",
             "version": 1,
             "tensors": [
-                {"shape": list(s), "elements": product(s), "bytes": 4 * product(s)} for s in shapes
+                {"shape": list(s), "elements": elements[s], "bytes": 4 * elements[s]}
+                for s in shapes
             ],
             "bytes": _size(path),
         }

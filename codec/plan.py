@@ -21,6 +21,7 @@ from construct import (
     Bytes,
     Const,
     Construct,
+    Container,
     FormatField,
     IfThenElse,
     Renamed,
@@ -39,6 +40,8 @@ __all__ = [
     "Nested",
     "Leaf",
     "compile_struct",
+    "child_context",
+    "checks_pass",
     "header_format",
     "unwrap",
     "min_size",
@@ -117,6 +120,7 @@ class Run:
     checks: tuple[tuple[Check, ...], ...]
     sizes: tuple[int, ...]
     subcons: tuple[Construct, ...]  # for the interpreted re-diagnosis
+    codes: tuple[str, ...] = ()  # each field's struct code, without the byte order
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,40 @@ class Leaf:
     size: int | None
 
 
+def child_context(st: Struct, parent: Container, parsing: bool) -> Container:
+    """The context construct's own ``Struct`` makes for ``st``, so ``this`` lambdas
+    evaluate alike on every path."""
+    ctx = Container(
+        _=parent,
+        _params=parent._params,
+        _root=None,
+        _parsing=parsing,
+        _building=not parsing,
+        _sizing=False,
+        _subcons=st._subcons,
+        _io=None,
+        _index=parent.get("_index", None),
+    )
+    ctx._root = parent.get("_root", ctx)
+    return ctx
+
+
+def checks_pass(checks: tuple[Check, ...], value: Any, ctx: Container) -> bool:
+    """Whether ``value`` passes a field's compiled checks (inner first, as construct runs
+    them); a check that cannot even run on the value fails."""
+    for kind, arg in checks:
+        if kind == "const":
+            if value != arg:
+                return False
+        else:
+            try:
+                if not arg.check(value, ctx):
+                    return False
+            except Exception:  # a check that cannot even run on this value fails
+                return False
+    return True
+
+
 _CACHE: dict[int, tuple[Struct, tuple]] = {}
 
 
@@ -200,6 +238,7 @@ def compile_struct(st: Struct) -> tuple:
                     tuple(tuple(p[1][2]) for p in pending),
                     tuple(struct.calcsize("<" + p[1][1]) for p in pending),
                     tuple(unwrap(p[2]) for p in pending),
+                    tuple(p[1][1] for p in pending),
                 )
             )
             pending.clear()

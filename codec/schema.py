@@ -95,6 +95,11 @@ class ParameterSchema:
         """Slots that own a moment entry, ascending."""
         return tuple(i for i in range(len(self.shapes)) if self.is_representative(i))
 
+    @cached_property
+    def representative_set(self) -> frozenset[int]:
+        """:attr:`representative_slots` as a set."""
+        return frozenset(self.representative_slots)
+
     @property
     def optimizer_state_count(self) -> int:
         """Number of moment entries a checkpoint of this schema holds."""

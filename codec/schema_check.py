@@ -7,6 +7,7 @@ from typing import Any
 from construct import Container
 
 from ..formats.primitives import product
+from .batches import RecordBatch
 from .errors import SchemaMismatchError
 from .schema import ParameterSchema
 from .walker import Path, field_name
@@ -122,6 +123,26 @@ class SchemaVisitorMixin:
                             expected=want,
                         )
             self._adopt([None if t == 0 else t - 1 for t in value], offset)
+
+    def schema_records(self, batch: RecordBatch) -> bool:
+        """A batch of schema slots (see ``Visitor.on_records``): taken if every slot fits the
+        destination, if there is one; declined otherwise, so the slot-by-slot walk names the
+        first difference."""
+        first, count = batch.first, batch.count
+        if "dims" in batch.constants:
+            shapes = [tuple(batch.constants["dims"])] * count
+        else:
+            shapes = list(map(tuple, batch.values("dims")))
+        grads = [bool(g) for g in batch.values("requires_grad")]
+        expected = self.expected
+        if expected is not None and (
+            list(expected.shapes[first : first + count]) != shapes
+            or list(expected.requires_grad[first : first + count]) != grads
+        ):
+            return False
+        self._shapes.extend(shapes)
+        self._grads.extend(grads)
+        return True
 
     def _adopt(self, representatives: list[int | None] | None, offset: int) -> None:
         stored = ParameterSchema(self._shapes, self._grads, representatives)

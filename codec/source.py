@@ -1,4 +1,15 @@
-"""Bounded reading from a file: every read is checked against the bytes actually left.
+"""Bounded reading from a file: every read is checked against the bytes actually left, and
+the file is checked not to have changed while it was read.
+
+A change is seen through the open handle's ``fstat`` (:class:`FileStamp`): the size, the
+modification time and the status-change time, taken when reading starts and compared when it
+ends. Linux (6.13 and later, on ext4, xfs, btrfs, tmpfs) gives a write that follows an
+``fstat`` a fresh fine-grained timestamp, so a write after the first stamp is always seen; on
+file systems with coarse timestamps a rewrite within one clock tick of the first stamp can
+keep both times. The kernel stamps a write when it begins, so a single ``write`` call that
+was already under way when the first stamp was taken is not seen either. Equal stamps prove
+that the bytes read are the file's contents at one moment, not that whoever wrote them had
+finished.
 
 A reader that runs out of memory all the same (a file of allowed size on a small machine, or
 under an address-space limit) raises :class:`~tlckpt.codec.errors.FileTooLargeError` naming
@@ -11,14 +22,59 @@ import contextlib
 import io
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from .errors import CheckpointError, FileTooLargeError, TruncatedError
+from .errors import CheckpointError, FileChangedError, FileTooLargeError, TruncatedError
 from .paths import field_name
 
-__all__ = ["Source", "open_source", "PathOrFile"]
+__all__ = ["FileStamp", "Source", "open_source", "PathOrFile"]
 
 PathOrFile = str | os.PathLike | BinaryIO
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What an open file's ``fstat`` says about its contents (``None`` where the object has
+    no file descriptor: then only the size is known).
+
+    Attributes:
+        device, inode: the file's identity.
+        size: its size in bytes.
+        mtime_ns, ctime_ns: modification and status-change times.
+        links: its link count.
+    """
+
+    device: int | None
+    inode: int | None
+    size: int
+    mtime_ns: int | None
+    ctime_ns: int | None
+    links: int | None
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStamp:
+        """The stamp of an ``fstat`` result."""
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+
+    def same_contents(self, later: FileStamp) -> bool:
+        """Whether ``later`` (a stamp of the same handle) shows the contents unchanged.
+
+        A write changes the size or the modification time; a write whose modification time
+        was then set back (``touch -d``, ``cp -p``) still changes the status-change time.
+        That time also moves when the file is linked, unlinked or renamed over, which leaves
+        the contents of this handle as they were: a new status-change time that comes with
+        a new link count is not a change (tlckpt's own writers rename a new file over the
+        old one, and a load of the old one stays good).
+        """
+        if (self.device, self.inode, self.size, self.mtime_ns) != (
+            later.device,
+            later.inode,
+            later.size,
+            later.mtime_ns,
+        ):
+            return False
+        return self.ctime_ns == later.ctime_ns or self.links != later.links
 
 
 class Source:
@@ -34,16 +90,39 @@ class Source:
         self.name = name
         try:
             self.start = file.tell()
-            size = None
-            with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
-                size = os.fstat(file.fileno()).st_size
-            if size is None:
-                size = file.seek(0, io.SEEK_END)
-                file.seek(self.start)
+            self.stamp = self.current_stamp()
         except (AttributeError, io.UnsupportedOperation) as exc:
             raise TypeError("reading needs a seekable binary file object") from exc
-        self.size = size
+        self.size = self.stamp.size
         self.pos = self.start
+
+    def current_stamp(self) -> FileStamp:
+        """The file's :class:`FileStamp` now (one ``fstat``; a seek where there is no
+        descriptor, which leaves the position where it was)."""
+        with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
+            return FileStamp.of(os.fstat(self.file.fileno()))
+        here = self.file.tell()
+        size = self.file.seek(0, io.SEEK_END)
+        self.file.seek(here)
+        return FileStamp(None, None, size, None, None, None)
+
+    def check_unchanged(self, since: FileStamp, when: str) -> None:
+        """Raise :class:`FileChangedError` unless the file still has the contents it had
+        when ``since`` was taken.
+
+        Args:
+            since: an earlier stamp of this file.
+            when: the moment of the check, for the message ("before reading payloads").
+        """
+        now = self.current_stamp()
+        if not since.same_contents(now):
+            raise FileChangedError(
+                f"the file changed while it was being read (found {when}: {since.size} ->"
+                f" {now.size} bytes, modified at {since.mtime_ns} -> {now.mtime_ns} ns):"
+                " another process wrote it in place; load it again once it is complete",
+                actual=now.size,
+                expected=since.size,
+            )
 
     @property
     def remaining(self) -> int:
@@ -123,11 +202,17 @@ class Source:
 
 
 @contextlib.contextmanager
-def open_source(path_or_file: PathOrFile) -> Iterator[Source]:
+def open_source(path_or_file: PathOrFile, *, since: FileStamp | None = None) -> Iterator[Source]:
     """A :class:`Source` over a path (opened and closed here) or a caller's file object.
 
-    Errors raised inside carry the file's name; a ``MemoryError`` raised inside becomes a
-    :class:`FileTooLargeError` naming the file and its size.
+    When the block ends without an error, the file is checked not to have changed since the
+    source was opened — or since ``since``, an earlier stamp of the same handle (the first
+    pass of a two-pass read), which is then also checked on entry, before the block reads
+    anything. Errors raised inside carry the file's name; a ``MemoryError`` raised inside
+    becomes a :class:`FileTooLargeError` naming the file and its size.
+
+    Raises:
+        FileChangedError: the file changed meanwhile (see :meth:`FileStamp.same_contents`).
     """
     if isinstance(path_or_file, (str, os.PathLike)):
         name: Any = os.fspath(path_or_file)
@@ -136,13 +221,19 @@ def open_source(path_or_file: PathOrFile) -> Iterator[Source]:
         name = getattr(path_or_file, "name", None)
         ctx = contextlib.nullcontext(path_or_file)
     with ctx as file:
-        src = Source(file, name)
+        src: Source | None = None
         try:
+            src = Source(file, name)
+            if since is not None:
+                src.check_unchanged(since, "before reading on")
             yield src
+            src.check_unchanged(src.stamp if since is None else since, "after the last byte")
         except CheckpointError as exc:
             exc.with_path(name)
             raise
         except MemoryError:
+            if src is None:
+                raise
             size = src.size - src.start
             raise FileTooLargeError(
                 f"out of memory while reading this {size:,}-byte file",

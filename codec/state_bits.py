@@ -50,6 +50,7 @@ from .errors import (
     MalformedError,
     SchemaMismatchError,
     UnsupportedFormatError,
+    names_the_file,
 )
 from .gcpause import without_gc
 from .json_document import (
@@ -193,6 +194,7 @@ def _values_json(words: np.ndarray, native: np.dtype) -> Iterator[bytes]:
     yield b"]"
 
 
+@names_the_file()
 def write_state_bits(
     path: PathOrFile,
     arrays: Sequence[np.ndarray],
@@ -757,6 +759,7 @@ def _plain_words(state: list[Any], fmt: ScalarFormat) -> np.ndarray | None:
     return array
 
 
+@names_the_file()
 @without_gc
 def read_state_bits(
     path: PathOrFile, shapes: Sequence[Sequence[int]], encoding: str | ScalarFormat

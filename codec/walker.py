@@ -12,7 +12,12 @@ A spec is an ordinary construct ``Struct``. :func:`parse` and :func:`build` exec
   check each value against the destination the moment it is read;
 * runs of fixed scalar fields are decoded with one precompiled ``struct`` call; whenever a
   run fails (a check, or too few bytes), it is re-parsed with construct's interpreted parser
-  to produce the exact error.
+  to produce the exact error;
+* a visitor that skips an array's payloads may take its records in batches: runs of records
+  that lay out alike, checked at once from an in-memory chunk (:mod:`.batches`); every other
+  record, and every record of a batch the visitor declines, is walked as above.
+
+Under :func:`interpreted` neither precompiled structs nor batches are used.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import contextvars
 import io
 import struct
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 from construct import ConstructError, Container, Struct
 from construct.core import evaluate
 
+from .batches import ChunkWindow, RecordBatch, batchable, scan_batch
 from .errors import CheckpointError, MalformedError, from_construct
 from .gcpause import gc_paused
 from .paths import Path, field_name
@@ -39,13 +45,20 @@ from .plan import (
     Records,
     Run,
     U64Array,
+    checks_pass,
+    child_context,
     compile_struct,
     fixed_size,
     header_format,
 )
 from .source import Source
 
-__all__ = ["Path", "Visitor", "parse", "build", "field_name", "interpreted"]
+__all__ = ["Path", "Visitor", "VisitorProtocol", "parse", "build", "field_name", "interpreted"]
+
+#: Fewest alike records handed to a visitor as one batch; shorter runs are walked.
+MIN_BATCH = 16
+#: Most records walked one at a time between two attempts at a batch.
+MAX_PAUSE = 1024
 
 # Whether runs of fixed fields use the precompiled struct path (the default) or construct's
 # interpreted parser field by field. Tests switch it off to show that both agree.
@@ -62,24 +75,55 @@ def interpreted() -> Iterator[None]:
         _FAST_PATH.reset(token)
 
 
-class Visitor:
-    """Hooks the walker calls while parsing; subclass to check and collect.
+@runtime_checkable
+class VisitorProtocol(Protocol):
+    """The hooks :func:`parse` calls, with the exact signatures it calls them with.
 
-    The defaults accept everything and allocate a fresh numpy array per payload.
+    :class:`Visitor` is the default implementation; a visitor subclasses it (or implements
+    all four hooks itself). The walker passes every argument by position; the parameter
+    names here are the contract all visitors share. A test checks every visitor class of
+    the package and of the fuzzing harness against these signatures, so that a hook that
+    drifts fails loudly instead of raising a ``TypeError`` deep inside a parse.
     """
 
-    def on_field(self, path: Path, value: Any, offset: int, context: Container) -> None:
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        """Called after each named field (at any depth) is decoded; raise to reject."""
+        ...
+
+    def payload_buffer(
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
+    ) -> Any | None:
+        """A writable C-contiguous buffer for the payload at byte ``offset``, or ``None``."""
+        ...
+
+    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
+        """Called once ``buffer`` is filled; the result is stored as the field's value."""
+        ...
+
+    def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
+        """The values record ``index`` of the array at ``path`` must have, or ``None``."""
+        ...
+
+
+class Visitor(VisitorProtocol):
+    """Hooks the walker calls while parsing; subclass to check and collect.
+
+    The default implementation of :class:`VisitorProtocol`: it accepts everything and
+    allocates a fresh numpy array per payload.
+    """
+
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         """Called after each named field (at any depth) is decoded; raise to reject."""
 
     def payload_buffer(
-        self, path: Path, count: int, dtype: np.dtype, context: Container, offset: int
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
     ) -> Any | None:
         """A writable C-contiguous buffer of ``count`` ``dtype`` elements, or ``None`` to skip
         the payload (its size has already been checked against the bytes left). ``offset``
         is the payload's position in the file."""
         return np.empty(count, dtype=dtype)
 
-    def payload_done(self, path: Path, buffer: Any, context: Container) -> Any:
+    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
         """Called once ``buffer`` is filled; the result is stored as the field's value."""
         return buffer
 
@@ -94,22 +138,25 @@ class Visitor:
         """
         return None
 
+    def batches(self, path: Path) -> bool:
+        """Whether the array of records at ``path`` may reach :meth:`on_records` in batches.
 
-def _child_context(st: Struct, parent: Container, parsing: bool) -> Container:
-    # The context construct's own Struct makes, so `this` lambdas evaluate alike.
-    ctx = Container(
-        _=parent,
-        _params=parent._params,
-        _root=None,
-        _parsing=parsing,
-        _building=not parsing,
-        _sizing=False,
-        _subcons=st._subcons,
-        _io=None,
-        _index=parent.get("_index", None),
-    )
-    ctx._root = parent.get("_root", ctx)
-    return ctx
+        Only for visitors that skip that array's payloads: a batch's payloads are not read,
+        and ``payload_buffer`` is not asked about them. The walker then keeps no value per
+        record for that array (its value is the record count, as for streamed arrays).
+        """
+        return False
+
+    def on_records(self, path: Path, batch: RecordBatch) -> bool:
+        """Take ``batch.count`` records of the array at ``path`` at once; ``True`` if taken.
+
+        The batch's records passed every check of the spec. Check them against the
+        visitor's own rules in bulk and return ``True`` to take them: neither ``on_field``
+        nor ``payload_buffer`` is then called for them. Return ``False``, having changed
+        nothing, to have them walked one at a time instead — the way to the exact error of
+        a record that breaks a rule.
+        """
+        return False
 
 
 def _count(value: Any, path: Path, offset: int) -> int:
@@ -127,20 +174,6 @@ def _builds_from_none(step: Any) -> bool:
     if isinstance(step, Nested):
         return bool(step.struct.flagbuildnone)
     return False
-
-
-def _checks_pass(checks: tuple, value: Any, ctx: Container) -> bool:
-    for kind, arg in checks:
-        if kind == "const":
-            if value != arg:
-                return False
-        else:
-            try:
-                if not arg.check(value, ctx):
-                    return False
-            except Exception:  # a check that cannot even run on this value fails
-                return False
-    return True
 
 
 class _Parser:
@@ -161,7 +194,7 @@ class _Parser:
         known: dict[str, Any] | None = None,
         start: int = 0,
     ) -> Container:
-        ctx = _child_context(st, parent, parsing=True)
+        ctx = child_context(st, parent, parsing=True)
         obj = Container()
         if known:
             obj.update(known)
@@ -193,7 +226,7 @@ class _Parser:
         values = step.codec.unpack(src.read(step.codec.size, path))
         offset = start
         for k, value in enumerate(values):
-            if step.checks[k] and not _checks_pass(step.checks[k], value, ctx):
+            if step.checks[k] and not checks_pass(step.checks[k], value, ctx):
                 src.seek(offset)
                 self.diagnose(step, k, offset, ctx, obj, path)
             name = step.names[k]
@@ -259,25 +292,12 @@ class _Parser:
         if t is Records:
             count = _count(evaluate(step.count, ctx), path, src.pos)
             src.need(count * step.min_size, path)
-            item = step.item
+            if self.fast and count >= MIN_BATCH and self.visitor.batches(path) and batchable(step):
+                return self.batched(step, count, ctx, path)
             template = self.visitor.record_template if step.prefix and self.fast else None
             out = []
             for i in range(count):
-                ctx._index = i
-                offset = src.pos
-                sub = (*path, i)
-                known = template(path, i) if template is not None else None
-                if known is not None and self.header_matches(item, step.prefix, known):
-                    if step.simple_tail:
-                        # Header known and checked; the rest is payloads that need only it.
-                        value = Container(known)
-                        for tail in item.steps[step.prefix :]:
-                            value[tail.name] = self.payload(tail, value, (*sub, tail.name))
-                    else:
-                        value = self.struct(item.struct, item.steps, ctx, sub, known, step.prefix)
-                else:
-                    value = self.value(item, ctx, sub)
-                self.on_field(sub, value, offset, ctx)
+                value = self.record(step, i, ctx, path, template)
                 if not step.streamed:
                     out.append(value)
             return count if step.streamed else out
@@ -287,6 +307,60 @@ class _Parser:
             chosen = step.then if evaluate(step.cond, ctx) else step.otherwise
             return self.value(chosen, ctx, path)
         return self.leaf(step.subcon, ctx, path)
+
+    def record(
+        self, step: Records, i: int, ctx: Container, path: Path, template: Any = None
+    ) -> Any:
+        """Record ``i`` of an array, at the source's position; visited, and returned."""
+        src = self.src
+        item = step.item
+        ctx._index = i
+        offset = src.pos
+        sub = (*path, i)
+        known = template(path, i) if template is not None else None
+        if known is not None and self.header_matches(item, step.prefix, known):
+            if step.simple_tail:
+                # Header known and checked; the rest is payloads that need only it.
+                value = Container(known)
+                for tail in item.steps[step.prefix :]:
+                    value[tail.name] = self.payload(tail, value, (*sub, tail.name))
+            else:
+                value = self.struct(item.struct, item.steps, ctx, sub, known, step.prefix)
+        else:
+            value = self.value(item, ctx, sub)
+        self.on_field(sub, value, offset, ctx)
+        return value
+
+    def batched(self, step: Records, count: int, ctx: Container, path: Path) -> int:
+        """An array whose visitor takes batches: runs of records alike go to
+        ``on_records`` at once, every other record (and every record of a declined batch)
+        is walked as usual, so errors are those of the record-at-a-time path."""
+        src, visitor = self.src, self.visitor
+        window = ChunkWindow(src)
+        i = pause = misses = 0
+        while i < count:
+            if not pause:
+                start = src.pos
+                batch = scan_batch(window, step, ctx, i, count - i)
+                src.seek(start)
+                if (
+                    batch is not None
+                    and batch.count >= MIN_BATCH
+                    and visitor.on_records(path, batch)
+                ):
+                    src.seek(start + batch.count * batch.stride)
+                    i += batch.count
+                    misses = 0
+                    continue
+                # Walk what the batch held (a declined batch gets its exact error that way),
+                # and try again later, later still after each miss: a file of records that
+                # never repeat costs a bounded share of scanning attempts.
+                misses += 1
+                pause = max(1 if batch is None else batch.count, min(1 << misses, MAX_PAUSE))
+            self.record(step, i, ctx, path)
+            i += 1
+            pause -= 1
+        return count
 
     def payload(self, step: PayloadStep, ctx: Container, path: Path) -> Any:
         src = self.src
@@ -348,7 +422,7 @@ class _Builder:
         self, st: Struct, steps: tuple, obj: Any, parent: Container, path: Path, start: int = 0
     ) -> None:
         obj = Container() if obj is None else obj
-        ctx = _child_context(st, parent, parsing=False)
+        ctx = child_context(st, parent, parsing=False)
         ctx.update(obj)
         for step in steps[start:] if start else steps:
             if type(step) is Run:
@@ -379,7 +453,7 @@ class _Builder:
             for kind, arg in step.checks[k]:
                 if kind == "const" and value is None:
                     value = arg
-            if value is None or not _checks_pass(step.checks[k], value, ctx):
+            if value is None or not checks_pass(step.checks[k], value, ctx):
                 self.diagnose(step, obj, ctx, path)
             if name:
                 ctx[name] = value

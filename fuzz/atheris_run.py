@@ -166,21 +166,22 @@ def _replay(out: Path) -> int:
         source=[str(REPO / "codec"), str(REPO / "formats")], branch=False, data_file=None
     )
     cov.start()
-    from .atheris_targets import InternalError, corpus, make_target
+    from .atheris_targets import corpus, make_target
 
     inputs = 0
-    failures = 0
+    failures: list[str] = []
     for target in TARGETS:
         fn = make_target(target)
         _, corpus_dir, _ = _dirs(out, target)
         files = sorted(corpus_dir.iterdir()) if corpus_dir.is_dir() else []
-        datas = [p.read_bytes() for p in files] + corpus(target)
-        for data in datas:
+        named = [(str(p), p.read_bytes()) for p in files]
+        named += [(f"seed corpus entry {k}", d) for k, d in enumerate(corpus(target))]
+        for name, data in named:
             inputs += 1
             try:
                 fn(data)
-            except (InternalError, Exception):
-                failures += 1
+            except Exception as exc:  # a crash libFuzzer did not keep: report it
+                failures.append(f"[{target}] {name}: {_last_frame(exc)}")
     cov.stop()
     import io as _io
 
@@ -188,10 +189,21 @@ def _replay(out: Path) -> int:
     total = cov.report(file=buf, show_missing=False)
     print(buf.getvalue())
     print(
-        f"replayed {inputs} inputs ({failures} raised a non-CheckpointError); "
-        f"line coverage of codec/ + formats/: {total:.1f}%"
+        f"replayed {inputs} inputs ({len(failures)} raised a non-CheckpointError or an"
+        f" internal error); line coverage of codec/ + formats/: {total:.1f}%"
     )
-    return 0
+    for line in failures[:20]:
+        print(f"  {line}")
+    return 1 if failures else 0
+
+
+def _last_frame(exc: BaseException) -> str:
+    """``Type: message (file:line)`` of the innermost frame, for a one-line report."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _reproduce(target: str, files: list[str]) -> int:
@@ -206,7 +218,7 @@ def _reproduce(target: str, files: list[str]) -> int:
         try:
             fn(Path(name).read_bytes())
             print(f"{name}: ok (returned or raised a CheckpointError)")
-        except Exception:  # what a crash file reproduces
+        except Exception:  # what a crash file reproduces: shown with its traceback
             failed += 1
             print(f"{name}: CRASH")
             traceback.print_exc()
@@ -268,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    artifact: {a}")
         if r["tail"]:
             print("    " + r["tail"].replace("\n", "\n    "))
-    if args.line_coverage:
-        line_coverage(Path(args.out))
     bad = any(r["artifacts"] or r["returncode"] for r in results)
+    if args.line_coverage:
+        bad |= line_coverage(Path(args.out))["returncode"] != 0
     return 1 if bad else 0
 
 

@@ -20,9 +20,12 @@ previous file's and the child's announced one. Any other outcome is a *damaged* 
 Every other file left in the folder must be a recognisable temporary
 (``tlckpt.codec.atomic.is_temporary``: hidden, ``.tlckpt-`` in the name, ``.tmp`` suffix), must
 not carry a checkpoint extension, and is left in place so later saves run next to stale
-temporaries. Every tenth trial starts with no destination files.
+temporaries — until a later trial completes a save to the same destination, which must
+remove it (a killed writer's lock is gone, so it is stale). Every tenth trial starts with no
+destination files.
 
-Exit status: 0 if no destination was ever damaged and no stray file appeared, else 1.
+Exit status: 0 if no destination was ever damaged, no stray file appeared and every completed
+save removed its destination's stale temporaries, else 1.
 """
 
 from __future__ import annotations
@@ -181,7 +184,7 @@ def run(
     fresh_every: int = 10,
 ) -> dict:
     """Run the trials in ``folder``; return the figures (see the module docstring)."""
-    from tlckpt.codec.atomic import is_temporary
+    from tlckpt.codec.atomic import is_temporary, temporary_prefix
 
     ctx = mp.get_context("fork")
     previous: dict[str, str | None] = dict.fromkeys(DESTS)
@@ -189,6 +192,8 @@ def run(
     phases: Counter = Counter()
     damaged: list[str] = []
     strays: list[str] = []
+    uncleaned: list[str] = []
+    removed = 0
     temporaries_seen: set[str] = set()
     durations: list[float] = []  # go → done of the trials that finished
     shapes: dict = {}
@@ -197,6 +202,7 @@ def run(
             for name in DESTS:
                 (folder / name).unlink(missing_ok=True)
                 previous[name] = None
+        stale_before = {e for e in os.listdir(folder) if is_temporary(e)}
         parent_conn, child_conn = ctx.Pipe()
         proc = ctx.Process(
             target=_child, args=(child_conn, str(folder), size_mb, trial + 1, trial * 7919 + 1)
@@ -260,6 +266,13 @@ def run(
                 damaged.append(f"trial {trial} {name}: {state} (killed {phase})")
             if state == "new":
                 previous[name] = new_digests[name]
+        left_now = set(os.listdir(folder))
+        removed += len(stale_before - left_now)
+        for name in saved:  # a completed save removes its destination's stale temporaries
+            prefix = temporary_prefix(folder / name)
+            for entry in sorted(stale_before & left_now):
+                if entry.startswith(prefix):
+                    uncleaned.append(f"trial {trial}: {entry} survived a save of {name}")
         for entry in os.listdir(folder):
             if entry in DESTS:
                 continue
@@ -283,6 +296,8 @@ def run(
         "damaged": damaged,
         "strays": strays,
         "temporaries_left": len(left),
+        "temporaries_removed_by_saves": removed,
+        "uncleaned": uncleaned,
         "temporaries_recognised": all(is_temporary(e) for e in left),
     }
 
@@ -308,9 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SIGKILL trials: {report['trials_killed']}, damaged destinations: "
         f"{len(report['damaged'])}, stray files: {len(report['strays'])}, temporaries left: "
-        f"{report['temporaries_left']} (all recognised: {report['temporaries_recognised']})"
+        f"{report['temporaries_left']} (all recognised: {report['temporaries_recognised']}),"
+        f" stale temporaries removed by later saves: {report['temporaries_removed_by_saves']},"
+        f" not removed: {len(report['uncleaned'])}"
     )
-    return 1 if report["damaged"] or report["strays"] else 0
+    return 1 if report["damaged"] or report["strays"] or report["uncleaned"] else 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Run from the repository root::
     python -m fuzz.mutate --systematic-only     # exactly the systematic set, no time limit
     python -m fuzz.mutate --quick               # the CI sample (a few thousand cases)
     python -m fuzz.mutate --random-only --minutes 10   # random stacked mutations only
+    python -m fuzz.mutate --inputs 1000000      # systematic set, then random up to 10^6 inputs
 
 Seeds are every conformance vector (``<repo>/tests/vectors``) and larger generated files
 of every format and version (:mod:`fuzz.seeds`). Each mutated input is read by the seed's
@@ -15,9 +16,16 @@ destination the manifest gives) and by ``inspect``. Every read must end in succe
 see :mod:`fuzz.bounds`) for an input of at most 1 MiB (the few larger inputs get the bounds
 scaled per started MiB).
 
-Cases run in forked worker processes, one case at a time, so that a hang or a crash is
-caught (the parent kills a worker that makes no progress for ``--hang-seconds``), memory is
-measured per case, and the address space of a worker is capped (a runaway allocation fails
+Record-level mutations (records duplicated, deleted, swapped, overwritten; see
+:func:`fuzz.mutators.record_mutation`) run in both phases and are counted apart per format.
+In the random phase a seed is picked with a weight inverse to what one of its inputs costs
+(:func:`seed_weights`: each seed gets about the same share of the time), so that the few
+1 MiB max-record seeds, whose reads cost a thousand times those of a vector, do not take
+most of it.
+
+Cases run in forked worker processes (batches of cases per worker), so that a hang or a
+crash is caught (the parent kills a worker that makes no progress for ``--hang-seconds``),
+memory is measured per case, and the address space of a worker is capped (a runaway allocation fails
 there as a ``MemoryError``, recorded as an escape). Escapes and bound violations are saved
 under ``--out`` (``fuzz/out/mutate`` by default) with the seed, mutation and traceback.
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -43,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .bounds import TIME_BOUND_S, MiB, Outcome, limit_address_space, measure, retime
-from .mutators import apply, describe, field_map, random_specs, systematic
+from .mutators import apply, describe, field_map, random_specs, record_kind, systematic
 from .seeds import FORMAT_KEYS, REPO, Seed, all_seeds, generated_seeds, readers, vector_seeds
 
 DEFAULT_OUT = REPO / "fuzz" / "out" / "mutate"
@@ -99,6 +108,8 @@ class Worst:
 class FormatStats:
     seeds: int = 0
     inputs: int = 0
+    random_inputs: int = 0  # of ``inputs``, from the random phase
+    record_mutations: int = 0  # inputs made by a record-level mutation (alone or stacked)
     reads: int = 0
     accepted: int = 0
     rejected: int = 0
@@ -113,6 +124,16 @@ class FormatStats:
     worst_traced: Worst = field(default_factory=Worst)
     worst_rss: Worst = field(default_factory=Worst)
     errors: dict[str, int] = field(default_factory=dict)
+    record_kinds: dict[str, int] = field(default_factory=dict)
+
+    def count_input(self, spec: tuple, random_phase: bool) -> None:
+        """Count one input of this format (and its record-level mutation, if any)."""
+        self.inputs += 1
+        self.random_inputs += random_phase
+        kind = record_kind(spec)
+        if kind is not None:
+            self.record_mutations += 1
+            self.record_kinds[kind] = self.record_kinds.get(kind, 0) + 1
 
 
 class Campaign:
@@ -125,14 +146,14 @@ class Campaign:
         self.findings: list[dict[str, Any]] = []
         self.disagreements: list[str] = []
         self.disagreement_count = 0
-        self.cases: dict[int, tuple[int, tuple]] = {}
+        self.cases: dict[int, tuple[int, tuple, bool]] = {}  # id → seed, spec, random phase
         self.retime: list[tuple] = []
 
     def record(self, case_id: int, size: int, outcomes: list[Outcome], data: bytes | None):
-        seed_idx, spec = self.cases.pop(case_id)
+        seed_idx, spec, random_phase = self.cases.pop(case_id)
         seed = self.seeds[seed_idx]
         st = self.stats[seed.fmt]
-        st.inputs += 1
+        st.count_input(spec, random_phase)
         if size > MiB:
             st.over_1mib += 1
         status = {}
@@ -172,11 +193,11 @@ class Campaign:
                 self.disagreements.append(f"{seed.name} {describe(spec)}")
 
     def hang(self, case_id: int, what: str, seconds: float) -> None:
-        seed_idx, spec = self.cases.pop(case_id)
+        seed_idx, spec, random_phase = self.cases.pop(case_id)
         seed = self.seeds[seed_idx]
         data = apply(seed.data, spec, {})
         st = self.stats[seed.fmt]
-        st.inputs += 1
+        st.count_input(spec, random_phase)
         st.reads += 1
         st.escapes += 1
         st.hangs += 1
@@ -257,8 +278,13 @@ def _seed_streams(seeds: list[Seed], quick: int | None, rng: random.Random) -> l
             cap = seed.cap
         if cap is not None:
             specs_list = list(specs)
-            keep = specs_list[:1] + rng.sample(specs_list[1:], min(cap, len(specs_list) - 1))
-            specs = iter(keep)
+            # A third of a capped sample is record-level mutations where the seed has them
+            # (a uniform sample of a large seed's set holds almost none).
+            records = [x for x in specs_list[1:] if record_kind(x) is not None]
+            others = [x for x in specs_list[1:] if record_kind(x) is None]
+            picked = rng.sample(records, min(len(records), max(1, cap // 3)))
+            picked += rng.sample(others, min(cap - len(picked), len(others)))
+            specs = iter(specs_list[:1] + picked)
         streams.append(specs)
     return streams
 
@@ -277,10 +303,31 @@ def _schedule(seeds: list[Seed], streams: list[Iterator], chunk: int) -> Iterato
                     break
 
 
+#: Seconds an input costs whatever its seed: applying the mutation, the measurements, pipes.
+PER_INPUT_OVERHEAD_S = 0.002
+
+
+def seed_weights(seeds: list[Seed]) -> list[float]:
+    """The random phase's weights: the inverse of what one input of each seed costs.
+
+    The cost is the time the seed's readers take on the unmutated file (untraced, best of
+    two) plus :data:`PER_INPUT_OVERHEAD_S`, so that each seed gets about the same share of
+    the time. Picked uniformly, the three 1 MiB max-record seeds (about a second per read,
+    a thousand times a vector's) took 85 % of the random phase.
+    """
+    weights = []
+    for seed in seeds:
+        cost = sum(retime(fn, seed.data, runs=2) for _, fn in readers(seed))
+        weights.append(1.0 / (PER_INPUT_OVERHEAD_S + cost))
+    return weights
+
+
 def _random_phase(seeds: list[Seed], rng: random.Random) -> Iterator[tuple]:
     maps = {i: field_map(s.data) if s.binary else None for i, s in enumerate(seeds)}
+    indices = range(len(seeds))
+    cum_weights = list(itertools.accumulate(seed_weights(seeds)))
     while True:
-        i = rng.randrange(len(seeds))
+        (i,) = rng.choices(indices, cum_weights=cum_weights)
         yield i, random_specs(seeds[i].data, seeds[i].binary, rng, maps[i])
 
 
@@ -341,12 +388,16 @@ def run(args: argparse.Namespace) -> int:
             if deadline is not None and time.monotonic() > deadline:
                 exhausted = True
                 break
+            if args.inputs is not None and next_id >= args.inputs:
+                exhausted = True
+                break
             try:
                 seed_idx, spec = next(source)
             except StopIteration:
                 if phase == "systematic":
                     systematic_done = not args.random_only
-                    if args.systematic_only or args.quick or deadline is None:
+                    unbounded = deadline is None and args.inputs is None
+                    if args.systematic_only or args.quick or unbounded:
                         exhausted = True
                         break
                     phase = "random"
@@ -354,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 exhausted = True
                 break
-            campaign.cases[next_id] = (seed_idx, spec)
+            campaign.cases[next_id] = (seed_idx, spec, phase == "random")
             batch.append((next_id, seed_idx, spec))
             budget += len(seeds[seed_idx].data) + 2000
             next_id += 1
@@ -418,8 +469,15 @@ def _drive(workers, campaign, spawn, fill, args, t0, phase) -> None:
             elif now - w.last_change > args.hang_seconds:
                 _replace(w, campaign, workers, spawn, "hang", now, fill)
         if now - last_report > 30 and not args.quiet:
-            done = sum(s.inputs for s in campaign.stats.values())
-            print(f"  ... {done} inputs, {now - t0:.0f} s, phase {phase()}", flush=True)
+            stats = campaign.stats.values()
+            done = sum(s.inputs for s in stats)
+            records = sum(s.record_mutations for s in stats)
+            escapes = sum(s.escapes for s in stats)
+            print(
+                f"  ... {done} inputs ({records} record-level), {escapes} escapes,"
+                f" {now - t0:.0f} s, {done / max(now - t0, 1e-9):.0f}/s, phase {phase()}",
+                flush=True,
+            )
             last_report = now
 
 
@@ -450,15 +508,20 @@ def _replace(w, campaign, workers, spawn, what, now, fill) -> None:
 def _report(campaign: Campaign, elapsed: float, systematic_done: bool, phase: str, args) -> dict:
     formats = {}
     totals = defaultdict(int)
+    record_kinds: defaultdict[str, int] = defaultdict(int)
     for key in FORMAT_KEYS:
         st = campaign.stats.get(key)
         if st is None or not st.seeds:
             continue
         d = asdict(st)
         formats[key] = d
+        for kind, n in d["record_kinds"].items():
+            record_kinds[kind] += n
         for k in (
             "seeds",
             "inputs",
+            "random_inputs",
+            "record_mutations",
             "reads",
             "accepted",
             "rejected",
@@ -479,11 +542,15 @@ def _report(campaign: Campaign, elapsed: float, systematic_done: bool, phase: st
         if args.systematic_only
         else "random-only"
         if args.random_only
-        else "timed",
+        else "timed"
+        if args.inputs is None
+        else f"up to {args.inputs} inputs"
+        + ("" if args.minutes is None else f" or {args.minutes} min"),
         "systematic_set_completed": systematic_done,
         "last_phase": phase,
         "formats": formats,
         "totals": dict(totals),
+        "record_kinds": dict(record_kinds),
         "inspect_disagreements": campaign.disagreement_count,
         "disagreement_examples": campaign.disagreements,
         "findings": campaign.findings,
@@ -496,24 +563,31 @@ def _print(report: dict, campaign: Campaign) -> None:
         f"{'completed' if report['systematic_set_completed'] else 'NOT completed'}"
     )
     head = (
-        f"{'format':<16}{'seeds':>6}{'inputs':>9}{'reads':>9}{'accepted':>10}{'rejected':>10}"
-        f"{'escapes':>9}{'slow':>6}{'mem':>5}{'worst s':>9}{'trace MiB':>10}{'rss MiB':>9}"
+        f"{'format':<16}{'seeds':>6}{'inputs':>9}{'random':>9}{'records':>8}{'reads':>9}"
+        f"{'accepted':>10}{'rejected':>10}{'escapes':>8}{'hangs':>6}{'slow':>5}{'mem':>4}"
+        f"{'worst s':>8}{'trace MiB':>10}{'rss MiB':>8}"
     )
     print(head)
     print("-" * len(head))
     for key, d in report["formats"].items():
         print(
-            f"{key:<16}{d['seeds']:>6}{d['inputs']:>9}{d['reads']:>9}{d['accepted']:>10}"
-            f"{d['rejected']:>10}{d['escapes']:>9}{d['time_violations']:>6}"
-            f"{d['memory_violations']:>5}{d['worst_time']['value']:>9.3f}"
-            f"{d['worst_traced']['value'] / MiB:>10.2f}{d['worst_rss']['value'] / MiB:>9.2f}"
+            f"{key:<16}{d['seeds']:>6}{d['inputs']:>9}{d['random_inputs']:>9}"
+            f"{d['record_mutations']:>8}{d['reads']:>9}{d['accepted']:>10}{d['rejected']:>10}"
+            f"{d['escapes']:>8}{d['hangs']:>6}{d['time_violations']:>5}"
+            f"{d['memory_violations']:>4}{d['worst_time']['value']:>8.3f}"
+            f"{d['worst_traced']['value'] / MiB:>10.2f}{d['worst_rss']['value'] / MiB:>8.2f}"
         )
     t = report["totals"]
     print("-" * len(head))
     print(
-        f"{'total':<16}{t['seeds']:>6}{t['inputs']:>9}{t['reads']:>9}{t['accepted']:>10}"
-        f"{t['rejected']:>10}{t['escapes']:>9}{t['time_violations']:>6}"
-        f"{t['memory_violations']:>5}"
+        f"{'total':<16}{t['seeds']:>6}{t['inputs']:>9}{t['random_inputs']:>9}"
+        f"{t['record_mutations']:>8}{t['reads']:>9}{t['accepted']:>10}{t['rejected']:>10}"
+        f"{t['escapes']:>8}{t['hangs']:>6}{t['time_violations']:>5}{t['memory_violations']:>4}"
+    )
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(report["record_kinds"].items()))
+    print(
+        "(random: inputs from the random phase; records: inputs made by a record-level"
+        f" mutation: {kinds or 'none'})"
     )
     print("\nworst case per format (time / traced allocation / peak RSS growth):")
     for key, d in report["formats"].items():
@@ -567,6 +641,13 @@ def main(argv: list[str] | None = None) -> int:
         help="time budget; after the systematic set, random mutations fill it",
     )
     parser.add_argument(
+        "--inputs",
+        type=int,
+        default=None,
+        help="stop after this many inputs (the systematic set, then random ones); with"
+        " --minutes, whichever comes first",
+    )
+    parser.add_argument(
         "--systematic-only", action="store_true", help="stop after the systematic set"
     )
     parser.add_argument(
@@ -601,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    if args.minutes is None and not (args.systematic_only or args.quick):
+    if args.minutes is None and args.inputs is None and not (args.systematic_only or args.quick):
         args.minutes = 10.0
     return run(args)
 

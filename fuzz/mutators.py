@@ -6,11 +6,20 @@ one seed: truncations, byte flips, u64 edge values, record duplication/deletion/
 appends, JSON character edits and structural JSON edits) and :func:`random_specs` (an
 endless stream of random flips and multi-byte splices for time-boxed runs).
 
-Binary seeds are mapped first (:func:`field_map`): the library's own walker parses the valid
-file with a recording visitor, which gives the offset of every u64/f64 field (dims and
-representatives included), every record (schema slot, moment entry, tensor) and every
-payload. Files that do not parse (invalid vectors) fall back to the 8-byte grid after the
-magic, which is where their fields lie up to the first payload.
+Record-level mutations (a record duplicated, deleted, swapped or overwritten) are wrapped in a
+``("rec", kind, group, index, inner)`` spec, so that a campaign can count them
+(:func:`record_kind`); :data:`RECORD_KINDS` lists the kinds.
+
+Binary seeds are mapped first (:func:`field_map`): the library's own walker parses the file
+with a recording visitor (:class:`Recorder`), which gives the offset of every u64/f64 field
+(dims and representatives included), every record (schema slot, moment entry, tensor) and
+every payload. A file the codec rejects (an invalid vector) is mapped up to the field that
+fails; one with no field mapped falls back to the 8-byte grid after the magic, which is where
+its fields lie up to the first payload. Any other exception while mapping is a bug in the
+harness or the codec and propagates.
+
+This module imports the codec (the recording visitor subclasses its walker's ``Visitor``):
+the atheris runner, which must import the codec only under instrumentation, does not use it.
 """
 
 from __future__ import annotations
@@ -22,6 +31,14 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from construct import Container
+
+from tlckpt.codec.errors import CheckpointError
+from tlckpt.codec.framed import read_framing
+from tlckpt.codec.source import Source
+from tlckpt.codec.walker import Path, Visitor, parse
 
 EDGE_U64 = (0, 1, 2**32, 2**63, 2**64 - 1)
 #: Byte flips tried at every position of a small file.
@@ -92,6 +109,8 @@ def apply(data: bytes, spec: Spec, cache: dict | None = None) -> bytes:
     if op == "swap":  # records [a0, a1) and [b0, b1), a before b
         a0, a1, b0, b1 = spec[1:5]
         return data[:a0] + data[b0:b1] + data[a1:b0] + data[a0:a1] + data[b1:]
+    if op == "rec":  # a record-level mutation, labelled: ("rec", kind, group, index, inner)
+        return apply(data, spec[4], cache)
     if op == "seq":  # several specs, applied in order to the running result
         out = data
         for sub in spec[1]:
@@ -116,53 +135,77 @@ def describe(spec: Spec) -> str:
 
 @dataclass
 class FieldMap:
-    """Where the fields of a binary file lie."""
+    """Where the fields of a binary file lie.
 
-    u64: list[int] = field(default_factory=list)  # offsets of 8-byte integer/float fields
-    counts: dict[str, int] = field(default_factory=dict)  # count field name → offset
-    records: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # group → spans
+    Attributes:
+        u64: offsets of the 8-byte integer/float fields.
+        counts: count field (dotted spec path) → offset.
+        records: array (dotted spec path: ``schema.slots``, ``entries``, ``tensors``) → the
+            ``(start, end)`` byte span of each of its records, in file order.
+        payloads: ``(start, end)`` byte span of every payload, in file order.
+        parsed: whether the walker read the whole file (a valid seed).
+        error: why it did not (the codec's rejection), else ``None``.
+    """
+
+    u64: list[int] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    records: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     payloads: list[tuple[int, int]] = field(default_factory=list)
     parsed: bool = False
+    error: CheckpointError | None = None
+
+
+class Recorder(Visitor):
+    """The walker visitor that maps a file: every field, record and payload position.
+
+    Payloads are skipped (only their position matters).
+    """
+
+    def __init__(self, src: Source, fm: FieldMap):
+        self.src = src
+        self.fm = fm
+
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        fm = self.fm
+        name = path[-1] if path else None
+        key = ".".join(str(p) for p in path)
+        if isinstance(value, bool) or value is None:  # flags; skipped payloads
+            return
+        if isinstance(name, int):  # a whole record of an array
+            group = ".".join(str(p) for p in path[:-1])
+            fm.records.setdefault(group, []).append((offset, self.src.pos))
+        elif isinstance(value, (int, float)):
+            # A streamed array of records reports its record count at its start once the
+            # records are read: not a field (an empty one has consumed no bytes).
+            if key in fm.records or self.src.pos == offset:
+                return
+            fm.u64.append(offset)
+            if isinstance(name, str) and name.endswith("count"):
+                fm.counts[key] = offset
+        elif isinstance(value, list) and all(isinstance(v, int) for v in value):
+            fm.u64.extend(offset + 8 * i for i in range(len(value)))
+
+    def payload_buffer(
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
+    ) -> None:
+        self.fm.payloads.append((offset, offset + count * dtype.itemsize))
+        return None
 
 
 def field_map(data: bytes) -> FieldMap:
-    """Map a binary seed with the library's walker (falls back to the 8-byte grid)."""
-    from tlckpt.codec.framed import read_framing
-    from tlckpt.codec.source import Source
-    from tlckpt.codec.walker import Visitor, parse
+    """Map a binary seed with the library's walker (see the module docstring).
 
+    Raises:
+        Exception: anything but the codec's own rejection of the file (a harness bug).
+    """
     fm = FieldMap()
-
-    class Recorder(Visitor):
-        def __init__(self, src: Source):
-            self.src = src
-
-        def on_field(self, path: tuple, value: Any, offset: int, context: Any) -> None:
-            name = path[-1] if path else None
-            if isinstance(value, bool):
-                return
-            if isinstance(value, (int, float)):
-                fm.u64.append(offset)
-                if isinstance(name, str) and name.endswith("count"):
-                    fm.counts[".".join(str(p) for p in path)] = offset
-            elif isinstance(value, list) and all(isinstance(v, int) for v in value):
-                fm.u64.extend(offset + 8 * i for i in range(len(value)))
-            elif isinstance(name, int):  # a whole record of an array
-                group = ".".join(str(p) for p in path[:-1])
-                fm.records.setdefault(group, []).append((offset, self.src.pos))
-            elif value is None and self.src.pos > offset:
-                fm.payloads.append((offset, self.src.pos))
-
-        def payload_buffer(self, path, count, dtype, context):
-            return None  # skip payloads: only their position matters
-
     src = Source(io.BytesIO(data))
     try:
         spec = read_framing(src, None)
-        parse(src, spec.struct, Recorder(src))
+        parse(src, spec.struct, Recorder(src, fm))
         fm.parsed = True
-    except Exception:
-        pass
+    except CheckpointError as exc:  # an invalid seed: mapped up to the failing field
+        fm.error = exc
     if not fm.u64:
         fm.u64 = list(range(7, max(7, len(data) - 7), 8))[:4096]
     fm.u64 = sorted(set(o for o in fm.u64 if o + 8 <= len(data)))
@@ -214,32 +257,35 @@ def _binary_systematic(data: bytes, fm: FieldMap, rng: random.Random) -> Iterato
     for off in _capped(fm.u64, 600, rng):
         for value in EDGE_U64:
             yield ("u64", off, value)
-    # Records: duplicated (with and without fixing the count), deleted, swapped.
+    # Records: duplicated and deleted (with and without fixing the count), swapped with the
+    # next one, the first and last swapped, the last overwritten by the first.
     for group, spans in fm.records.items():
-        count_off = _count_offset(fm, group)
-        picks = _capped(list(range(len(spans))), 60, rng)
-        for i in picks:
-            a, b = spans[i]
-            dup = ("replace", b, b, data[a:b])
-            yield dup
-            delete = ("replace", a, b, b"")
-            yield delete
-            if count_off is not None:
-                (count,) = struct.unpack_from("<Q", data, count_off)
-                yield ("seq", (dup, ("u64", count_off, count + 1)))
-                yield ("seq", (delete, ("u64", count_off, max(count - 1, 0))))
-            if i + 1 < len(spans):
-                c, d = spans[i + 1]
-                yield ("swap", a, b, c, d)
-        if len(spans) >= 2:
-            (a, b), (c, d) = spans[0], spans[-1]
-            yield ("swap", a, b, c, d)
-            yield ("move", a, b, c, d)  # last record replaced by a copy of the first
+        for i in _capped(list(range(len(spans))), 60, rng):
+            for kind in ("duplicate", "duplicate+count", "delete", "delete+count", "swap"):
+                spec = record_mutation(data, fm, group, i, kind)
+                if spec is not None:
+                    yield spec
+        for kind in ("swap-ends", "overwrite"):
+            spec = record_mutation(data, fm, group, 0, kind)
+            if spec is not None:
+                yield spec
     # Appends: trailing bytes of several shapes.
     for extra in (b"\x00", b"\xff" * 4, struct.pack("<Q", 1), data[-16:], data[:15]):
         yield ("replace", n, n, extra)
     # Random multi-byte splices.
     yield from _splices(data, fm.u64, rng, 200 if small else 800)
+
+
+#: Record-level mutation kinds (:func:`record_mutation`).
+RECORD_KINDS = (
+    "duplicate",  # record i repeated right after itself
+    "duplicate+count",  # ... and the array's count raised by one
+    "delete",  # record i removed
+    "delete+count",  # ... and the count lowered by one
+    "swap",  # records i and i+1 exchanged
+    "swap-ends",  # the first and the last record exchanged
+    "overwrite",  # the last record replaced by a copy of the first
+)
 
 
 def _count_offset(fm: FieldMap, group: str) -> int | None:
@@ -250,6 +296,51 @@ def _count_offset(fm: FieldMap, group: str) -> int | None:
         "tensors": "tensor_count",
     }.get(group)
     return fm.counts.get(wanted) if wanted else None
+
+
+def record_mutation(data: bytes, fm: FieldMap, group: str, i: int, kind: str) -> Spec | None:
+    """The ``("rec", kind, group, i, inner)`` spec of one record-level mutation of ``data``.
+
+    ``None`` when it does not apply: a ``+count`` kind for an array whose count field is not
+    mapped, a swap of the last record with the next, a two-record kind on a one-record array.
+    """
+    spans = fm.records[group]
+    a, b = spans[i]
+    if kind in ("duplicate", "duplicate+count"):
+        inner: Spec = ("replace", b, b, data[a:b])
+    elif kind in ("delete", "delete+count"):
+        inner = ("replace", a, b, b"")
+    elif kind == "swap":
+        if i + 1 >= len(spans):
+            return None
+        inner = ("swap", a, b, *spans[i + 1])
+    elif kind in ("swap-ends", "overwrite"):
+        if len(spans) < 2:
+            return None
+        (a, b), (c, d) = spans[0], spans[-1]
+        inner = ("swap", a, b, c, d) if kind == "swap-ends" else ("move", a, b, c, d)
+    else:
+        raise ValueError(f"unknown record mutation {kind!r}")
+    if kind.endswith("+count"):
+        count_off = _count_offset(fm, group)
+        if count_off is None:
+            return None
+        (count,) = struct.unpack_from("<Q", data, count_off)
+        fixed = count + 1 if kind.startswith("duplicate") else max(count - 1, 0)
+        inner = ("seq", (inner, ("u64", count_off, fixed)))
+    return ("rec", kind, group, i, inner)
+
+
+def record_kind(spec: Spec) -> str | None:
+    """The record-level mutation kind ``spec`` applies (first one of a stack), else ``None``."""
+    if spec[0] == "rec":
+        return spec[1]
+    if spec[0] == "seq":
+        for sub in spec[1]:
+            kind = record_kind(sub)
+            if kind is not None:
+                return kind
+    return None
 
 
 def _splices(data: bytes, meta: list[int], rng: random.Random, count: int) -> Iterator[Spec]:
@@ -478,12 +569,27 @@ def systematic(data: bytes, binary: bool, seed: int = 0) -> Iterator[Spec]:
         yield from _json_systematic(data, rng)
 
 
+#: Share of random mutations of a binary seed with records that start with a record-level one.
+RANDOM_RECORD_SHARE = 0.2
+
+
 def random_specs(data: bytes, binary: bool, rng: random.Random, fm: FieldMap | None) -> Spec:
-    """One random mutation: a stack of 1-4 flips/splices (the time-boxed phase)."""
+    """One random mutation: a stack of 1-4 flips/splices, the first of them a record-level
+    mutation in :data:`RANDOM_RECORD_SHARE` of the cases (the time-boxed phase)."""
     meta = fm.u64 if fm is not None else []
     parts: list[Spec] = []
     length = len(data)  # of the running result: later parts apply to earlier ones' output
-    for _ in range(rng.randint(1, 4)):
+    stack = rng.randint(1, 4)
+    if binary and fm is not None and fm.records and rng.random() < RANDOM_RECORD_SHARE:
+        # A record-level mutation first, alone or under 1-3 random flips/splices.
+        group = rng.choice(sorted(fm.records))
+        i = rng.randrange(len(fm.records[group]))
+        rec = record_mutation(data, fm, group, i, rng.choice(RECORD_KINDS))
+        if rec is not None:
+            parts.append(rec)
+            length = len(apply(data, rec))
+            stack -= 1
+    for _ in range(stack):
         roll = rng.random()
         if length and roll < 0.45:
             pos = rng.choice(meta) + rng.randrange(8) if meta and rng.random() < 0.5 else -1

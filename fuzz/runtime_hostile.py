@@ -10,7 +10,8 @@ A small model with tied embedding/output weights, a frozen layer and BatchNorm b
 trained a few steps with each optimizer variant (Adam/AdamW; default, ``foreach=False``,
 ``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA).
 Its optimizer file (``save_optimizer``), its model file (``save_module_state``, float32
-only) and its exact-bits JSON file (``save_state_bits``) are mutated with
+only; loaded both staged and with ``staged=False``) and its exact-bits JSON file
+(``save_state_bits``) are mutated with
 :mod:`fuzz.mutators` (every truncation, byte flip, u64 edge value, record duplication/
 deletion/swap, JSON edit...) and loaded into the live model and optimizer.
 
@@ -217,6 +218,9 @@ def _loaders(variant: Variant) -> dict[str, Any]:
     }
     if variant.dtype == torch.float32:
         loaders["module_state"] = lambda m, o, p: tlckpt.load_module_state(m, p)
+        loaders["module_state_in_place"] = lambda m, o, p: tlckpt.load_module_state(
+            m, p, staged=False
+        )
     return loaders
 
 
@@ -229,6 +233,7 @@ def _save(variant: Variant, model: Any, opt: Any, folder: Path) -> dict[str, Pat
     if variant.dtype == torch.float32:
         paths["module_state"] = folder / "model.tlsf32"
         tlckpt.save_module_state(model, paths["module_state"])
+        paths["module_state_in_place"] = paths["module_state"]  # the same file, both modes
     return paths
 
 

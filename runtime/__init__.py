@@ -5,8 +5,10 @@
 * :func:`save_state_bits` / :func:`load_state_bits` — any float dtype as exact-bits JSON.
 * :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF``.
 
-Loads are all or nothing: the file is read and checked completely before anything live
-changes.
+Loads are all or nothing: the file is read and checked completely, and found unchanged,
+before anything live changes, and Ctrl-C is held back while live state is written. The one
+exception is opt-in: ``load_module_state(..., staged=False)`` copies straight into the live
+tensors and reports a file changed under it as a ``PartialLoadError``.
 
 Models and optimizers sharded with ``torch.distributed`` (FSDP2 ``fully_shard``, DTensors
 from ``distribute_tensor``) go through the same functions, called on every rank: rank 0
@@ -14,9 +16,19 @@ reads or writes the one file, the same file one process would (:mod:`.sharded_st
 :mod:`.sharded_optimizer`), so a checkpoint loads into any number of ranks.
 """
 
-from .module_state import load_module_state, load_state_bits, save_module_state, save_state_bits
-from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer
-from .slots import schema_of
+from ..optional import require
+
+# Before anything below imports torch: without it, one message that says what to install.
+require("torch", "tlckpt.runtime (torch models and optimizers)")
+
+from .module_state import (  # noqa: E402
+    load_module_state,
+    load_state_bits,
+    save_module_state,
+    save_state_bits,
+)
+from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer  # noqa: E402
+from .slots import schema_of  # noqa: E402
 
 __all__ = [
     "schema_of",

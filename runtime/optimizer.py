@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from ..codec.adam import AdamEntry, read_adam, write_adam
-from ..codec.errors import CheckpointError, ConfigError, EntryError
+from ..codec.errors import CheckpointError, ConfigError, EntryError, names_the_file
 from ..codec.gcpause import without_gc
+from ..codec.interrupts import deferred_interrupts
 from ..codec.source import PathOrFile
 from .adam_binding import AdamBinding, bind_adam, step_tensor, step_value
 from .dtensors import reusable, sharded
@@ -104,6 +105,7 @@ def checked_steps(binding: AdamBinding) -> dict[int, int]:
     return steps
 
 
+@names_the_file()
 @without_gc
 def save_optimizer(
     optimizer: torch.optim.Optimizer,
@@ -221,6 +223,18 @@ def in_group_order(optimizer: torch.optim.Optimizer, by_param: dict[int, dict]) 
     return plan
 
 
+def install_state(optimizer: torch.optim.Optimizer, plan: dict[torch.Tensor, dict]) -> None:
+    """The commit of an optimizer load: the optimizer's state becomes ``plan``.
+
+    Dictionary operations only, nothing that can fail halfway; Ctrl-C is held back so that
+    it cannot land between the two and leave an optimizer without any state.
+    """
+    with deferred_interrupts():
+        optimizer.state.clear()
+        optimizer.state.update(plan)
+
+
+@names_the_file()
 @without_gc
 def load_optimizer(
     optimizer: torch.optim.Optimizer,
@@ -254,9 +268,10 @@ def load_optimizer(
 
     Raises:
         CheckpointError: any refusal of the optimizer (see :func:`save_optimizer`), any
-            rejection of the file (a subclass naming field, slot, offset and values), or a
-            file holding a random counter when ``restore_random_counter`` is false. The
-            optimizer is then unchanged.
+            rejection of the file (a subclass naming field, slot, offset and values), a file
+            changed by another process while it was read (``FileChangedError``), or a file
+            holding a random counter when ``restore_random_counter`` is false. The optimizer
+            is then unchanged; a ``KeyboardInterrupt`` during the swap is raised after it.
         OSError: from the file system.
 
     Example:
@@ -291,7 +306,5 @@ def load_optimizer(
             MissingRandomCounterWarning,
             stacklevel=2,
         )
-    # The commit: dictionary operations only, nothing that can fail halfway.
-    optimizer.state.clear()
-    optimizer.state.update(plan)
+    install_state(optimizer, plan)
     return checkpoint.random_counter if restore_random_counter else None

@@ -46,6 +46,7 @@ from .optimizer import (
     checked_steps,
     host_moment,
     in_group_order,
+    install_state,
     shaped_like,
 )
 from .sharded_state import open_handle
@@ -292,7 +293,5 @@ def load_optimizer(
             MissingRandomCounterWarning,
             stacklevel=3,
         )
-    # The commit, on every rank: dictionary operations only.
-    optimizer.state.clear()
-    optimizer.state.update(plan)
+    install_state(optimizer, plan)  # the commit, on every rank
     return counter if restore_random_counter else None

@@ -9,7 +9,10 @@ Saving gathers one full tensor at a time to rank 0 (``full_tensor()``), which wr
 before the next is gathered. Loading is all or nothing on every rank: rank 0 checks the
 whole file first and every rank learns the verdict; then each tensor is broadcast from
 rank 0 and every rank keeps a fresh copy of its own shard, off to the side; only when all
-have arrived and every rank is fine does each rank copy its shards into its live tensors.
+have arrived and every rank is fine (rank 0 has read the last byte and found the file
+unchanged since its first pass began) does each rank copy its shards into its live tensors,
+with Ctrl-C held back until the copies are done. These loads are therefore always staged:
+the ``staged`` keyword of the public functions does not reach them.
 Plain tensors next to DTensors (FSDP2 leaves buffers unsharded) are rank 0's on save and
 broadcast to every rank on load.
 """
@@ -45,6 +48,7 @@ from .module_state import (
     NamedTensors,
     Precheck,
     bits_named_state,
+    commit,
     float32_named_state,
     host_float32,
     tie_conflict,
@@ -92,10 +96,9 @@ def _on_cuda(named: NamedTensors) -> bool:
 
 
 def _commit(stream: ScatterStream) -> None:
-    """Every destination's new part into its live memory (its local shard for a DTensor)."""
-    with torch.no_grad():
-        for live, part in stream:
-            local_tensor(live).copy_(part)
+    """Every destination's new part into its live memory (its local shard for a DTensor),
+    with Ctrl-C held back until the last copy is done (:func:`.module_state.commit`)."""
+    commit((local_tensor(live), part) for live, part in stream)
 
 
 def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:

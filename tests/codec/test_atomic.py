@@ -170,8 +170,10 @@ def test_os_failures(target: Any, monkeypatch: pytest.MonkeyPatch, call: str, wr
     _assert_untouched(folder, path, old)
 
 
-def test_fchmod_failure_leaks_nothing(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder, path, old = target
+def test_fchmod_failure_leaks_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overwriting keeps the old file's mode with fchmod (a new file needs none)."""
+    folder, path, old = tmp_path, tmp_path / "state.bin", OLD
+    path.write_bytes(OLD)
     before = _open_fds()
     monkeypatch.setattr(os, "fchmod", _failing("fchmod"))
     with pytest.raises(OSError, match="injected"):

@@ -1,15 +1,16 @@
 """The fast path the codec derives from the specs agrees with construct's interpreter.
 
 Runs of fixed fields decoded by precompiled ``struct``s, record headers compared as bytes
-against the destination's, and headers cached on write must give exactly what parsing
-and building field by field through construct gives: the same values, the same bytes and
-the same errors (class, offset, field and message).
+against the destination's, headers cached on write, and runs of alike records scanned in
+batches must give exactly what parsing and building field by field through construct gives:
+the same values, the same bytes and the same errors (class, offset, field and message).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlckpt.codec import (
+    AdamConfig,
+    AdamEntry,
+    AdamKind,
     CheckpointError,
     MomentDtype,
+    ParameterSchema,
+    batches,
     read_adam,
     read_float32_state,
+    scan_adam,
+    scan_float32_state,
     validate_float32_state,
+    walker,
     write_adam,
     write_float32_state,
 )
@@ -157,3 +166,185 @@ def test_two_pass_payload_read_matches_one_pass() -> None:
     assert sorted(sink.got) == [i for i in range(len(arrays)) if i != 1]
     for i, values in sink.got.items():
         assert values.tobytes() == arrays[i].tobytes()
+
+
+# ------------------------------------------------------------ batched record scanning
+#
+# Readers that skip payloads (inspect, scan_adam, scan_float32_state) take runs of alike
+# records in batches (codec/batches.py). The settings below make batches small and chunks
+# tiny, so that the vectors and small files go through batches, runs that end, runs cut by
+# a chunk's end, and declined batches — and every outcome must equal the interpreted one.
+
+
+@contextlib.contextmanager
+def _batch_settings(min_batch: int, chunk: int) -> Iterator[None]:
+    saved = walker.MIN_BATCH, batches.CHUNK_BYTES
+    walker.MIN_BATCH, batches.CHUNK_BYTES = min_batch, chunk
+    try:
+        yield
+    finally:
+        walker.MIN_BATCH, batches.CHUNK_BYTES = saved
+
+
+BATCH_SETTINGS = [(2, 64), (3, 1 << 20)]
+
+
+def _scans(data: bytes) -> list[Callable[[], Any]]:
+    family = "adam" if data.startswith(b"TLADAMF") else "float32_state"
+    scan = scan_adam if family == "adam" else scan_float32_state
+    return [lambda: inspect(io.BytesIO(data)), lambda: scan(io.BytesIO(data))]
+
+
+def _scans_agree(data: bytes, settings: list[tuple[int, int]]) -> None:
+    for read in _scans(data):
+        with interpreted():
+            slow = _outcome(read)
+        for setting in settings:
+            with _batch_settings(*setting):
+                fast = _outcome(read)
+            assert fast == slow, setting
+
+
+def _alike_state() -> bytes:
+    shapes = [(0,)] * 5 + [(1,)] * 4 + [(2, 3), (3, 2)] + [()] * 3 + [(0, 4)] * 2
+    arrays = [np.full(s, i, "<f4") for i, s in enumerate(shapes)]
+    out = io.BytesIO()
+    write_float32_state(out, arrays)
+    return out.getvalue()
+
+
+def _alike_adam(version: int) -> bytes:
+    schema = ParameterSchema(
+        [(1,)] * 6 + [(2,)] * 3 + [(1,)] * 2,
+        [True] * 4 + [False] + [True] * 6,
+        None if version == 2 else [0, 1, 0, 3, None, 5, 6, 7, 8, 9, 10],
+    )
+    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, MomentDtype.FLOAT32)
+    entries = {
+        slot: AdamEntry(
+            slot + 1,
+            np.full(schema.element_count(slot), slot, "<f4"),
+            np.ones(schema.element_count(slot), "<f4"),
+        )
+        for slot in schema.representative_slots
+    }
+    out = io.BytesIO()
+    write_adam(out, schema, config, entries, 7 if version == 4 else None, version=version)
+    return out.getvalue()
+
+
+ALIKE = {"state": _alike_state(), "adam_v2": _alike_adam(2), "adam_v4": _alike_adam(4)}
+
+
+@pytest.mark.parametrize("vector", _binary_vectors(), ids=lambda v: v["file"])
+def test_batched_scans_of_vectors_agree(vector: dict[str, Any]) -> None:
+    data = (VECTORS / vector["file"]).read_bytes()
+    _scans_agree(data, BATCH_SETTINGS)
+
+
+@pytest.mark.parametrize("name", sorted(ALIKE))
+def test_batched_scans_agree_on_every_truncation_and_byte(name: str) -> None:
+    data = ALIKE[name]
+    _scans_agree(data, BATCH_SETTINGS)
+    for cut in range(len(data)):
+        _scans_agree(data[:cut], BATCH_SETTINGS)
+    for at in range(len(data)):
+        blob = bytearray(data)
+        blob[at] ^= 0x01 if at % 2 else 0x80  # a small and a large change, byte by byte
+        _scans_agree(bytes(blob), BATCH_SETTINGS)
+
+
+@pytest.mark.parametrize("name", sorted(ALIKE))
+def test_batches_are_taken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files above do go through batches (else the tests above would prove nothing)."""
+    taken: list[tuple[Any, int]] = []
+    real = walker.Visitor.on_records
+
+    def spy(cls: type) -> None:
+        original = cls.on_records
+
+        def on_records(self: Any, path: Any, batch: Any) -> bool:
+            accepted = original(self, path, batch)
+            if accepted:
+                taken.append((path, batch.count))
+            return accepted
+
+        monkeypatch.setattr(cls, "on_records", on_records)
+
+    from tlckpt.codec.adam import _AdamReader
+    from tlckpt.codec.float32_state import _StateReader
+
+    spy(_AdamReader)
+    spy(_StateReader)
+    assert real is walker.Visitor.on_records
+    with _batch_settings(2, 64):
+        for read in _scans(ALIKE[name]):
+            read()
+    paths = {path for path, _ in taken}
+    want = {("tensors",)} if name == "state" else {("schema", "slots"), ("entries",)}
+    assert paths == want, taken
+
+
+@pytest.mark.parametrize("settings", BATCH_SETTINGS)
+def test_batched_scan_of_a_file_inside_a_larger_one(settings: tuple[int, int]) -> None:
+    """A file object positioned after other bytes: offsets stay absolute."""
+    data = b"\0" * 13 + ALIKE["state"] + b"tail"
+    for read_with in (inspect, scan_float32_state):
+
+        def read(read_with: Callable[[Any], Any] = read_with) -> Any:
+            f = io.BytesIO(data)
+            f.seek(13)
+            return read_with(f)
+
+        with interpreted():
+            slow = _outcome(read)
+        with _batch_settings(*settings):
+            fast = _outcome(read)
+        assert fast == slow
+        assert slow[0] == "error" and slow[1][0] == "TrailingDataError"
+
+
+def test_many_alike_records_scan_as_they_read() -> None:
+    """Runs longer than a chunk, with default settings, and a record that breaks the run."""
+    shapes = [(0,)] * 50_000 + [(1,)] * 30_000 + [(2,)] + [(0,)] * 20_000
+    blob = io.BytesIO()
+    write_float32_state(blob, (np.zeros(s, "<f4") for s in shapes), count=len(shapes))
+    data = blob.getvalue()
+    assert scan_float32_state(io.BytesIO(data)) == shapes
+    info = inspect(io.BytesIO(data))
+    assert [tuple(t["shape"]) for t in info["tensors"]] == shapes
+    bad = bytearray(data)
+    at = len(data) - 24 * 10_000 + 16  # element_count of a record in the last run
+    bad[at] = 1
+    fast = _outcome(lambda: scan_float32_state(io.BytesIO(bytes(bad))))
+    assert fast[0] == "error" and fast[1][0] == "SchemaMismatchError", fast
+    assert fast[1][1] == at
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(st.sampled_from([(0,), (1,), (2,), (), (1, 1)]), max_size=40),
+    data=st.data(),
+)
+def test_batched_scans_of_mutated_states_agree(shapes: list, data: st.DataObject) -> None:
+    blob = io.BytesIO()
+    write_float32_state(blob, [np.full(s, 1.5, "<f4") for s in shapes])
+    raw = bytearray(blob.getvalue())
+    for _ in range(data.draw(st.integers(0, 2))):
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    _scans_agree(bytes(raw), [data.draw(st.sampled_from(BATCH_SETTINGS))])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    state=tls.adam_states(schemas=tls.parameter_schemas(max_slots=24, max_rank=1)), data=st.data()
+)
+def test_batched_scans_of_mutated_adam_files_agree(state: Any, data: st.DataObject) -> None:
+    blob = io.BytesIO()
+    write_adam(blob, state.schema, state.config, state.entries, state.random_counter)
+    raw = bytearray(blob.getvalue())
+    for _ in range(data.draw(st.integers(0, 2))):
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    _scans_agree(bytes(raw), [data.draw(st.sampled_from(BATCH_SETTINGS))])

@@ -139,16 +139,19 @@ def main(vectors: Path, work: Path) -> dict:
                     outcome["ok"] += 1
                 except tlckpt.CheckpointError:
                     outcome["checkpoint_error"] += 1
-                except Exception:
+                except Exception as exc:  # recorded: the test fails on any of these
                     outcome["other"] += 1
-                    others.append(label + " " + traceback.format_exc().strip().splitlines()[-1])
+                    frames = traceback.extract_tb(exc.__traceback__)
+                    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+                    others.append(f"{label}: {type(exc).__name__}: {exc}{where}")
         finally:
             sys.stdout, sys.stderr = saved
             devnull.close()
         return outcome
 
     others: list[str] = []
-    run_all()  # warm-up: lazy imports happen now, unwatched
+    warmup_outcome = run_all()  # warm-up: lazy imports happen now, unwatched
+    warmup_others = list(others)
     others.clear()
 
     # ---- watch
@@ -240,6 +243,8 @@ def main(vectors: Path, work: Path) -> dict:
             "events": formats_events,
             "tripped": formats_tripped,
             "non_checkpoint_errors": formats_others[:20],
+            "warmup_outcome": warmup_outcome,
+            "warmup_non_checkpoint_errors": warmup_others[:20],
         },
         "canary": canary,
         "pt": {"torch_load_calls": loads, "events": pt_events, "error": pt_error},

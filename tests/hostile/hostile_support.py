@@ -6,7 +6,8 @@ install audit hooks, so that the test process itself stays clean.
 
 ``fuzz`` is not an installed package: :func:`fuzz_module` imports its modules from the
 repository by path (without putting the repository root, and so bare ``codec``/``runtime``
-names, on ``sys.path``).
+names, on ``sys.path``), under a package name of their own: ``fuzz`` itself may already name
+something else here (pytest names the repository root's package after its folder).
 """
 
 from __future__ import annotations
@@ -28,18 +29,24 @@ REPO = Path(__file__).resolve().parents[2]
 VECTORS = vectors_dir()
 
 
+#: The name the harness package is imported under in the test process.
+FUZZ_PACKAGE = "_tlckpt_fuzz_harness"
+
+
 def fuzz_module(name: str) -> ModuleType:
-    """``fuzz.<name>`` imported from ``<repo>/fuzz``."""
-    if "fuzz" not in sys.modules:
+    """``fuzz.<name>`` imported from ``<repo>/fuzz`` (as ``FUZZ_PACKAGE.<name>``)."""
+    if FUZZ_PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            "fuzz", REPO / "fuzz" / "__init__.py", submodule_search_locations=[str(REPO / "fuzz")]
+            FUZZ_PACKAGE,
+            REPO / "fuzz" / "__init__.py",
+            submodule_search_locations=[str(REPO / "fuzz")],
         )
         if spec is None or spec.loader is None:  # pragma: no cover - the folder is there
             raise ImportError("cannot find the fuzz package")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["fuzz"] = module
+        sys.modules[FUZZ_PACKAGE] = module
         spec.loader.exec_module(module)
-    return importlib.import_module(f"fuzz.{name}")
+    return importlib.import_module(f"{FUZZ_PACKAGE}.{name}")
 
 
 def child_env() -> dict[str, str]:

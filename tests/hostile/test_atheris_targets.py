@@ -8,10 +8,13 @@ folder. A crash, timeout or out-of-memory artifact fails the test. The full camp
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import fuzz_module, run_campaign
+from hostile_support import REPO, fuzz_module, run_campaign
 
 pytest.importorskip("atheris", reason="atheris is pinned in requirements-dev.txt")
 
@@ -33,6 +36,22 @@ def test_atheris_target_runs_clean(target: str, tmp_path: Path) -> None:
     assert not artifacts, log[-4000:]
     assert proc.returncode == 0, proc.stdout + log[-4000:]
     assert f"stat::number_of_executed_units: {RUNS}" in log, log[-2000:]
+    # libFuzzer saw coverage: the library was instrumented (it is not when something imports
+    # it before the runner's ``atheris.instrument_imports``; the fuzzer then runs blind).
+    assert "Is the code instrumented" not in log, log[-2000:]
+    done = re.search(r"DONE\s+cov: (\d+)", log)
+    assert done is not None and int(done.group(1)) > 100, log[-2000:]
+
+
+def test_the_runner_imports_the_library_only_under_instrumentation() -> None:
+    code = (
+        "import sys, fuzz.atheris_run, fuzz.atheris_targets\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tlckpt', 'construct')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.strip() == "[]", proc.stdout
 
 
 def test_seed_corpus_covers_every_vector(vectors_path: Path) -> None:

@@ -31,6 +31,7 @@ def test_sigkill_during_saves_never_damages_a_destination(tmp_path: Path) -> Non
     assert report, proc.stdout + proc.stderr[-3000:]
     assert report["damaged"] == [], report
     assert report["strays"] == [], report
+    assert report["uncleaned"] == [], report
     assert report["temporaries_recognised"], report
     assert sum(v for k, v in report["outcomes"].items() if k.startswith("model")) == 7
     assert proc.returncode == 0, proc.stdout

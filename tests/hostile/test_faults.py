@@ -3,7 +3,8 @@
 Faults are injected where a real failure would surface, with the errno and arguments the real
 call would carry: a ``write`` or the final ``flush`` of the temporary (ENOSPC, EIO, EACCES),
 its ``fsync``, the ``os.replace`` over the destination, the ``fsync`` of the folder after the
-rename, and the creation of the temporary (``tempfile.mkstemp``, as in a read-only folder).
+rename, and the creation of the temporary (``os.open`` with ``O_CREAT``, as in a read-only
+folder).
 A ``KeyboardInterrupt`` midway is checked too. For each, on every writer of the codec and
 the runtime:
 
@@ -54,7 +55,7 @@ from tlckpt.codec import (
 )
 
 ERRNOS = (errno.ENOSPC, errno.EIO, errno.EACCES)
-FAULTS = ("write", "flush", "fsync", "replace", "dir_fsync", "mkstemp")
+FAULTS = ("write", "flush", "fsync", "replace", "dir_fsync", "create")
 
 # ------------------------------------------------------------------------------ writers
 
@@ -187,13 +188,15 @@ def inject(
                 raise _oserror(error.errno, os.fspath(src), os.fspath(dst))  # type: ignore[attr-defined]
 
             m.setattr(os, "replace", replace)
-        elif fault == "mkstemp":
+        elif fault == "create":
+            real_open = os.open
 
-            def mkstemp(suffix: str = "", prefix: str = "", dir: Any = None, **k: Any) -> Any:
-                name = os.path.join(os.fspath(dir), f"{prefix}XXXXXXXX{suffix}")
-                raise _oserror(error.errno, name)  # type: ignore[attr-defined]
+            def create(path: Any, flags: int, *a: Any, **k: Any) -> int:
+                if flags & os.O_CREAT:
+                    raise _oserror(error.errno, os.fspath(path))  # type: ignore[attr-defined]
+                return real_open(path, flags, *a, **k)
 
-            m.setattr(tempfile, "mkstemp", mkstemp)
+            m.setattr(os, "open", create)
         yield
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hostile_support import run_campaign
+from hostile_support import fuzz_module, run_campaign
 
 
 def test_quick_mutation_campaign_has_no_escape_and_stays_in_bounds(tmp_path: Path) -> None:
@@ -33,6 +33,10 @@ def test_quick_mutation_campaign_has_no_escape_and_stays_in_bounds(tmp_path: Pat
         assert report["formats"][key]["inputs"] > 0, key
         assert report["formats"][key]["accepted"] > 0, key
         assert report["formats"][key]["rejected"] > 0, key
+        if key != "exact-bits JSON":  # binary files have records
+            assert report["formats"][key]["record_mutations"] > 0, key
+    # Every kind of record-level mutation ran.
+    assert set(report["record_kinds"]) == set(fuzz_module("mutators").RECORD_KINDS), report
     assert totals["escapes"] == 0, summary
     assert totals["violations"] == 0, summary
     assert proc.returncode == 0, summary

@@ -49,6 +49,9 @@ def test_every_load_path_ran(audit: dict) -> None:
     outcome = audit["formats"]["outcome"]
     assert outcome["ok"] > 100 and outcome["checkpoint_error"] > 500, outcome
     assert outcome["other"] == 0, audit["formats"]["non_checkpoint_errors"]
+    # The unwatched warm-up pass runs the same calls: it must not raise anything else either.
+    warmup = audit["formats"]["warmup_outcome"]
+    assert warmup["other"] == 0, audit["formats"]["warmup_non_checkpoint_errors"]
 
 
 def test_load_paths_run_no_code_and_unpickle_nothing(audit: dict) -> None:

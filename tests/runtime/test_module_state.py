@@ -28,6 +28,12 @@ from tlckpt.codec import (
 from tlckpt.runtime import load_module_state, save_module_state
 
 
+@pytest.fixture(params=[True, False], ids=["staged", "in-place"])
+def staged(request: pytest.FixtureRequest) -> bool:
+    """Both load modes: staged (the default) and in place (``staged=False``)."""
+    return request.param
+
+
 def _trained_net(seed: int = 0) -> TiedNet:
     torch.manual_seed(seed)
     model = TiedNet()
@@ -37,13 +43,13 @@ def _trained_net(seed: int = 0) -> TiedNet:
     return model
 
 
-def test_round_trip_in_place(tmp_path: Path):
+def test_round_trip_in_place(tmp_path: Path, staged: bool):
     source = _trained_net(0)
     save_module_state(source, tmp_path / "m.tlsf32")
     dest = _trained_net(5)
     tensors_before = {name: t for name, t in dest.state_dict(keep_vars=True).items()}
     pointers = {name: t.data_ptr() for name, t in tensors_before.items()}
-    load_module_state(dest, tmp_path / "m.tlsf32")
+    load_module_state(dest, tmp_path / "m.tlsf32", staged=staged)
     for (name, a), (_, b) in zip(source.state_dict().items(), dest.state_dict().items()):
         assert same(a, b), name
     after = dest.state_dict(keep_vars=True)
@@ -54,13 +60,23 @@ def test_round_trip_in_place(tmp_path: Path):
     assert dest.norm.num_batches_tracked.item() == 2
 
 
-def test_direct_reads_bump_the_autograd_version(tmp_path: Path):
+def test_loads_bump_the_autograd_version(tmp_path: Path, staged: bool):
     source = _trained_net(0)
     save_module_state(source, tmp_path / "m")
     dest = _trained_net(1)
     version = dest.mix.weight._version
-    load_module_state(dest, tmp_path / "m")
+    load_module_state(dest, tmp_path / "m", staged=staged)
     assert dest.mix.weight._version > version
+
+
+def test_inference_tensors_are_loaded(tmp_path: Path, staged: bool):
+    """Tensors made under ``torch.inference_mode`` accept in-place writes only there."""
+    src = {"w": torch.randn(3, 4), "count": torch.tensor(5)}
+    save_module_state(src, tmp_path / "m")
+    with torch.inference_mode():
+        dest = {"w": torch.zeros(3, 4), "count": torch.tensor(0)}
+    load_module_state(dest, tmp_path / "m", staged=staged)
+    assert same(dest["w"], src["w"]) and dest["count"].item() == 5
 
 
 def test_codec_reads_what_the_runtime_wrote(tmp_path: Path):
@@ -74,32 +90,32 @@ def test_codec_reads_what_the_runtime_wrote(tmp_path: Path):
         assert np.array_equal(array.view(np.uint32), expected.view(np.uint32)), name
 
 
-def test_sequence_of_tensors_strided_and_scalar(tmp_path: Path):
+def test_sequence_of_tensors_strided_and_scalar(tmp_path: Path, staged: bool):
     src = [torch.randn(3, 4), torch.randn(4, 3).t(), torch.tensor(2.5), torch.zeros(2, 0)]
     save_module_state(src, tmp_path / "s")
     dest = [torch.zeros(3, 4), torch.zeros(4, 3).t(), torch.tensor(0.0), torch.ones(2, 0)]
     assert not dest[1].is_contiguous()
-    load_module_state(dest, tmp_path / "s")
+    load_module_state(dest, tmp_path / "s", staged=staged)
     assert all(same(a, b) for a, b in zip(src, dest))
 
 
-def test_nan_payloads_and_negative_zero_survive(tmp_path: Path):
+def test_nan_payloads_and_negative_zero_survive(tmp_path: Path, staged: bool):
     words = np.array([0x7FC00001, 0xFFFFFFFF, 0x80000000, 0x00000001, 0x7F800000], np.uint32)
     src = [torch.from_numpy(words.view(np.float32).copy())]
     save_module_state(src, tmp_path / "n")
     dest = [torch.zeros(5)]
-    load_module_state(dest, tmp_path / "n")
+    load_module_state(dest, tmp_path / "n", staged=staged)
     assert np.array_equal(dest[0].numpy().view(np.uint32), words)
 
 
-def test_file_objects_at_an_offset():
+def test_file_objects_at_an_offset(staged: bool):
     model = _trained_net(0)
     buffer = io.BytesIO()
     buffer.write(b"prefix")
     save_module_state(model, buffer)
     buffer.seek(6)
     dest = _trained_net(3)
-    load_module_state(dest, buffer)
+    load_module_state(dest, buffer, staged=staged)
     assert all(same(a, b) for a, b in zip(model.state_dict().values(), dest.state_dict().values()))
 
 
@@ -134,27 +150,29 @@ def test_integer_buffer_must_be_exact_in_float32(tmp_path: Path):
 
 
 @pytest.mark.parametrize("value", [2.5, -0.5, float("nan"), float("inf"), 2.0**63, -(2.0**64)])
-def test_inexact_file_value_for_integer_buffer_changes_nothing(tmp_path: Path, value: float):
+def test_inexact_file_value_for_integer_buffer_changes_nothing(
+    tmp_path: Path, value: float, staged: bool
+):
     # The float tensors come first: a one-pass load would have overwritten them already.
     write_float32_state(tmp_path / "f", [np.full(3, 7.0, np.float32), np.array(value, np.float32)])
     dest = {"w": torch.randn(3), "count": torch.tensor(4, dtype=torch.int64)}
     snapshot = snapshot_module(list(dest.values()))
     with pytest.raises(CheckpointError, match="'count'"):
-        load_module_state(dest, tmp_path / "f")
+        load_module_state(dest, tmp_path / "f", staged=staged)
     assert module_unchanged(list(dest.values()), snapshot)
 
 
-def test_bool_and_uint8_buffers(tmp_path: Path):
+def test_bool_and_uint8_buffers(tmp_path: Path, staged: bool):
     src = {"mask": torch.tensor([True, False]), "u": torch.tensor([0, 255], dtype=torch.uint8)}
     save_module_state(src, tmp_path / "b")
     dest = {"mask": torch.tensor([False, True]), "u": torch.tensor([1, 1], dtype=torch.uint8)}
-    load_module_state(dest, tmp_path / "b")
+    load_module_state(dest, tmp_path / "b", staged=staged)
     assert same(dest["mask"], src["mask"]) and same(dest["u"], src["u"])
     write_float32_state(
         tmp_path / "b2", [np.array([1.0, 2.0], np.float32), np.zeros(2, np.float32)]
     )
     with pytest.raises(CheckpointError, match="'mask'"):
-        load_module_state(dest, tmp_path / "b2")
+        load_module_state(dest, tmp_path / "b2", staged=staged)
 
 
 def test_non_tensor_state_entry_is_refused(tmp_path: Path):
@@ -174,24 +192,24 @@ def test_non_tensor_state_entry_is_refused(tmp_path: Path):
 
 
 @pytest.mark.vectors("float32_state")
-def test_valid_vectors_load(vector: dict, vectors_dir: Path):
+def test_valid_vectors_load(vector: dict, vectors_dir: Path, staged: bool):
     dest = [torch.full(tuple(s), -3.0) for s in vector["shapes"]]
-    load_module_state(dest, vectors_dir / vector["file"])
+    load_module_state(dest, vectors_dir / vector["file"], staged=staged)
     for t, payload in zip(dest, vector["payloads"]):
         assert t.numpy().tobytes() == bytes.fromhex(payload)
 
 
 @pytest.mark.vectors("invalid", kind="float32_state")
-def test_invalid_vectors_change_nothing(vector: dict, vectors_dir: Path):
+def test_invalid_vectors_change_nothing(vector: dict, vectors_dir: Path, staged: bool):
     torch.manual_seed(0)
     dest = [torch.randn(tuple(s)) for s in vector["shapes"]]
     snapshot = snapshot_module(dest)
     with pytest.raises(ERROR_OF_CATEGORY[vector["category"]]):
-        load_module_state(dest, vectors_dir / vector["file"])
+        load_module_state(dest, vectors_dir / vector["file"], staged=staged)
     assert module_unchanged(dest, snapshot)
 
 
-def test_mutated_files_change_nothing_or_load_what_the_codec_reads(record_property):
+def test_mutated_files_change_nothing_or_load_what_the_codec_reads(record_property, staged: bool):
     """Every truncation and a byte flip at every position of a real saved file."""
     model = _trained_net(0)
     stream = io.BytesIO()
@@ -210,7 +228,7 @@ def test_mutated_files_change_nothing_or_load_what_the_codec_reads(record_proper
     rejected = 0
     for mutant in mutants:
         try:
-            load_module_state(dest, io.BytesIO(mutant))
+            load_module_state(dest, io.BytesIO(mutant), staged=staged)
         except CheckpointError:
             rejected += 1
             assert module_unchanged(dest, snapshot)
@@ -233,15 +251,15 @@ def _saved(tensors: list[torch.Tensor]) -> bytes:
     return stream.getvalue()
 
 
-def test_truncated_error_carries_offset(tmp_path: Path):
+def test_truncated_error_carries_offset(tmp_path: Path, staged: bool):
     save_module_state([torch.zeros(4)], tmp_path / "t")
     data = (tmp_path / "t").read_bytes()
     with pytest.raises(TruncatedError) as info:
-        load_module_state([torch.zeros(4)], io.BytesIO(data[:-1]))
+        load_module_state([torch.zeros(4)], io.BytesIO(data[:-1]), staged=staged)
     assert info.value.offset is not None
 
 
-def test_tied_copies_that_disagree_change_nothing(tmp_path: Path):
+def test_tied_copies_that_disagree_change_nothing(tmp_path: Path, staged: bool):
     model = _trained_net(0)
     arrays = [t.to(torch.float32).numpy().copy() for t in model.state_dict().values()]
     names = list(model.state_dict())
@@ -250,5 +268,5 @@ def test_tied_copies_that_disagree_change_nothing(tmp_path: Path):
     dest = _trained_net(4)
     snapshot = snapshot_module(dest)
     with pytest.raises(SchemaMismatchError, match=r"'head\.weight'.*'emb\.weight'"):
-        load_module_state(dest, tmp_path / "f")
+        load_module_state(dest, tmp_path / "f", staged=staged)
     assert module_unchanged(dest, snapshot)

@@ -1,0 +1,331 @@
+"""Loads racing a second process that truncates or rewrites the file in place: never a silent mix.
+
+Run from the repository root::
+
+    python -m fuzz.load_races --loads 1200
+
+The models and files of :mod:`fuzz.load_interrupts` (a 48-tensor model as ``TLSF32B``,
+loaded staged and with ``staged=False``; 2,000 small tensors as exact-bits JSON). The file
+exists in two versions of the same size, A and B. While this process loads it again and
+again (the model reset to OLD values before each load), a racer process rewrites it in place:
+
+* ``rewrite`` — after a random pause, overwrites the whole file with the other version, in
+  64 KiB ``pwrite`` calls (same size, new bytes: the case only timestamps can reveal);
+* ``truncate`` — after a random pause, truncates the file to a random length, then writes
+  the other version back in place.
+
+Pauses are drawn up to twice a load's time, so loads overlap changes, and also run between
+them. The racer counts the writes it has begun and ended in a shared page; the loader reads
+the counts right after the load's first ``fstat`` and right before its last one. A write that
+began after the first and ended before the last lies wholly inside the load's window: the
+kernel stamped it there, and the load must raise. Every load must end in one of:
+
+* an error with the model still OLD: a ``CheckpointError`` (``FileChangedError``,
+  ``TruncatedError``, any rejection of a half-written file) or an ``OSError``;
+* ``staged=False`` only: a ``PartialLoadError`` (the model is partially updated, and says so);
+* completed, when no write lay wholly inside the window, with the model holding the file as
+  it was at one moment: all of A, all of B, or — when the racer was paused (descheduled)
+  half-way through a rewrite for the whole load — the half-written file at rest, which is a
+  prefix of one version followed by the rest of the other (TLSF32B has no checksum: such a
+  file is as valid as any other).
+
+Anything else is a failure: a completed load despite a write inside its window (an
+undetected change), a completed load holding anything but such a snapshot (a torn read), a
+changed model after a clean error, a ``PartialLoadError`` from a staged load, another
+exception class. So is a configuration in which no load overlapped a change at all (the run
+would then prove nothing); the number of loads with a write wholly inside their window is
+reported per configuration.
+
+Exit status: 0 if no failure, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .load_interrupts import model_for, values_of
+
+KINDS = ("tlsf32-staged", "tlsf32-in-place", "json")
+RACERS = ("rewrite", "truncate")
+CHUNK = 64 * 1024
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ racer
+
+
+class Counters:
+    """Two counts in a shared file: the racer's writes begun, and ended (``ended <= begun``)."""
+
+    def __init__(self, path: Path, write: bool = False):
+        self.fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
+        access = mmap.ACCESS_WRITE if write else mmap.ACCESS_READ
+        self.map = mmap.mmap(self.fd, 16, access=access)
+
+    def begun(self) -> int:
+        return struct.unpack_from("<q", self.map, 0)[0]
+
+    def ended(self) -> int:
+        return struct.unpack_from("<q", self.map, 8)[0]
+
+    def counted(self, write: Callable[[], object]) -> None:
+        """Run one write, counted as begun before its system call and ended after it."""
+        n = self.ended()
+        struct.pack_into("<qq", self.map, 0, n + 1, n)
+        write()
+        struct.pack_into("<qq", self.map, 0, n + 1, n + 1)
+
+
+def _racer(
+    mode: str, path: Path, versions: list[Path], counts: Path, pause: float, seed: int
+) -> None:
+    """Change ``path`` in place, forever (the parent kills this process)."""
+    rng = random.Random(seed)
+    images = [v.read_bytes() for v in versions]
+    size = len(images[0])
+    fd = os.open(path, os.O_RDWR)
+    counters = Counters(counts, write=True)
+    k = 0
+    sys.stdout.write("RACING\n")
+    sys.stdout.flush()
+    while True:
+        time.sleep(rng.uniform(0, pause))
+        k = 1 - k
+        if mode == "truncate":
+            length = rng.randrange(size)
+            counters.counted(lambda: os.ftruncate(fd, length))  # noqa: B023 - called now
+            time.sleep(rng.uniform(0, pause / 4))
+        for offset in range(0, size, CHUNK):
+            chunk = images[k][offset : offset + CHUNK]
+            counters.counted(lambda: os.pwrite(fd, chunk, offset))  # noqa: B023 - called now
+
+
+# ------------------------------------------------------------------------------ loader
+
+
+class _Window:
+    """The racer's counts at the load's first ``fstat`` (after it) and at its last (before
+    it), read by wrapping the library's :class:`~tlckpt.codec.source.Source` in this process."""
+
+    def __init__(self) -> None:
+        from tlckpt.codec.source import Source
+
+        self.counters: Counters | None = None
+        self.first_begun: int | None = None
+        self.last_ended: int | None = None
+        real_init, real_check = Source.__init__, Source.check_unchanged
+        window = self
+
+        def init(source: Any, *args: Any, **kwargs: Any) -> None:
+            real_init(source, *args, **kwargs)  # its fstat is the load's first stamp
+            if window.first_begun is None and window.counters is not None:
+                window.first_begun = window.counters.begun()
+
+        def check(source: Any, since: Any, when: str) -> None:
+            if window.counters is not None:
+                window.last_ended = window.counters.ended()
+            real_check(source, since, when)  # its fstat: the last one is the load's last
+
+        Source.__init__ = init  # type: ignore[method-assign]
+        Source.check_unchanged = check  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.first_begun = self.last_ended = None
+
+    def write_inside(self) -> bool:
+        """Whether a write began after the first stamp and ended before the last."""
+        if self.first_begun is None or self.last_ended is None:
+            return False
+        return self.last_ended > self.first_begun
+
+
+def _snapshot(flat: Any, versions: dict[str, Any]) -> str | None:
+    """``"A"``, ``"B"``, ``"at rest"`` (a prefix of one version, then the rest of the other,
+    one element between them possibly torn: a rewrite paused mid-way), or ``None``."""
+    import numpy as np
+
+    for name in ("A", "B"):
+        if np.array_equal(flat, versions[name]):
+            return name
+    for new, old in (("A", "B"), ("B", "A")):
+        differs = np.flatnonzero(flat != versions[new])
+        if np.array_equal(flat[differs[0] + 1 :], versions[old][differs[0] + 1 :]):
+            return "at rest"
+    return None
+
+
+def _one_config(
+    kind: str, racer: str, loads: int, work: Path, seed: int, window: _Window
+) -> dict[str, Any]:
+    import torch
+
+    import tlckpt
+    from tlckpt.codec import PartialLoadError
+
+    model = model_for(kind)
+    live = list(model.state_dict().values())
+    versions = {"old": values_of(model, 1), "A": values_of(model, 2), "B": values_of(model, 3)}
+    flat = {k: torch.cat([t.double().reshape(-1) for t in v]).numpy() for k, v in versions.items()}
+    path = work / f"{kind}-{racer}.ckpt"
+    images = []
+    for name in ("A", "B"):
+        with torch.no_grad():
+            for t, v in zip(live, versions[name]):
+                t.copy_(v)
+        image = work / f"{kind}-{racer}.{name}"
+        if kind == "json":
+            tlckpt.save_state_bits(model, image)
+        else:
+            tlckpt.save_module_state(model, image)
+        images.append(image)
+    if images[0].stat().st_size != images[1].stat().st_size:
+        raise RuntimeError("versions A and B must have the same size")
+    path.write_bytes(images[0].read_bytes())
+    counts = work / f"{kind}-{racer}.counts"
+    counts.write_bytes(bytes(16))
+
+    def load() -> None:
+        if kind == "json":
+            tlckpt.load_state_bits(model, path)
+        else:
+            tlckpt.load_module_state(model, path, staged=kind == "tlsf32-staged")
+
+    def reset() -> None:
+        with torch.no_grad():
+            for t, v in zip(live, versions["old"]):
+                t.copy_(v)
+
+    def unchanged() -> bool:
+        return all(torch.equal(t, v) for t, v in zip(live, versions["old"]))
+
+    reset()
+    start = time.perf_counter()
+    load()
+    pause = 2 * (time.perf_counter() - start)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fuzz.load_races", "--racer", racer, str(path)]
+        + [str(i) for i in images]
+        + [str(counts), f"{pause:.6f}", str(seed)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    outcomes: Counter = Counter()
+    failures: list[dict[str, Any]] = []
+    inside = 0
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "RACING":
+            raise RuntimeError("the racer did not start")
+        window.counters = Counters(counts)
+        for n in range(loads):
+            reset()
+            window.reset()
+            try:
+                load()
+                outcome = "completed"
+            except PartialLoadError:
+                outcome = "PartialLoadError"
+            except (tlckpt.CheckpointError, OSError) as exc:
+                outcome = type(exc).__name__
+            except Exception as exc:  # counted as a failure below, never swallowed
+                outcome = f"escape {type(exc).__name__}: {exc}"
+            must_raise = window.write_inside()
+            inside += must_raise
+            if outcome == "completed":
+                loaded = torch.cat([t.double().reshape(-1) for t in live]).numpy()
+                snapshot = _snapshot(loaded, flat)
+                outcome = f"completed {snapshot or 'torn'}"
+                ok = snapshot is not None and not must_raise
+                if must_raise:
+                    outcome += ", despite a write inside its window"
+            elif outcome == "PartialLoadError":
+                ok = kind == "tlsf32-in-place"
+            else:
+                ok = not outcome.startswith("escape") and unchanged()
+            outcomes[outcome] += 1
+            if not ok:
+                failures.append({"load": n, "outcome": outcome, "write inside": must_raise})
+    finally:
+        window.counters = None
+        proc.kill()
+        proc.wait()
+    raised = sum(v for k, v in outcomes.items() if not k.startswith("completed"))
+    if not raised:
+        failures.append({"no load overlapped a change": loads})
+    return {
+        "loads": loads,
+        "pause_ms": round(pause * 1e3, 2),
+        "writes_inside_a_load": inside,
+        "outcomes": dict(sorted(outcomes.items())),
+        "failures": failures,
+    }
+
+
+def run(loads: int, work: Path, seed: int, quiet: bool = False) -> dict[str, Any]:
+    """``loads`` loads split over every kind and racer; the figures (see the docstring)."""
+    configs = [(k, r) for k in KINDS for r in RACERS]
+    report: dict[str, Any] = {"loads": 0, "configs": {}, "failures": []}
+    window = _Window()
+    for i, (kind, racer) in enumerate(configs):
+        count = loads // len(configs) + (i < loads % len(configs))
+        result = _one_config(kind, racer, count, work, seed + i, window)
+        report["configs"][f"{kind} {racer}"] = result
+        report["loads"] += count
+        report["failures"] += [{"config": f"{kind} {racer}", **f} for f in result["failures"]]
+        if not quiet:
+            print(kind, racer, result["outcomes"], file=sys.stderr)
+    report["silent_mixes"] = sum(
+        v
+        for c in report["configs"].values()
+        for k, v in c["outcomes"].items()
+        if k.startswith("completed") and ("torn" in k or "despite" in k)
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fuzz.load_races",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--loads", type=int, default=1200)
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--racer", nargs=7, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.racer:
+        mode, path, a, b, counts, pause, seed = args.racer
+        _racer(mode, Path(path), [Path(a), Path(b)], Path(counts), float(pause), int(seed))
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="tlckpt-races-", dir=args.dir) as tmp:
+        start = time.monotonic()
+        report = run(args.loads, Path(tmp), args.seed, quiet=args.quiet)
+        report["seconds"] = round(time.monotonic() - start, 1)
+    print(json.dumps(report, indent=1))
+    failures = len(report["failures"])
+    print(f"loads: {report['loads']}, silent mixes: {report['silent_mixes']}, failures: {failures}")
+    return 1 if report["failures"] else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""A file truncated or rewritten in place by another process during a load: never a silent mix.
+
+Deterministic versions: the change is injected at a chosen moment of the load (after the
+checking pass, after the k-th payload of the payload pass, after the last byte), for every
+load mode, and the outcome is exactly the one the guide's table states:
+
+* staged (the default) and JSON: a ``CheckpointError`` with the model unchanged, or — when
+  the change comes after the last byte was read — a completed load of the version read;
+* ``staged=False``: a clean ``FileChangedError`` with the model unchanged if nothing live was
+  written yet, else a ``PartialLoadError`` that says how many tensors were overwritten.
+
+Renaming a new file over the path (what tlckpt's writers do) is not a change of the file
+being loaded. The short CI run of ``python -m fuzz.load_races`` races real processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hostile_support import fuzz_module, last_json, run_campaign
+
+import tlckpt
+from tlckpt.codec import (
+    FileChangedError,
+    PartialLoadError,
+    TruncatedError,
+)
+from tlckpt.codec import state_bits as state_bits_module
+from tlckpt.runtime import module_state
+
+li = fuzz_module("load_interrupts")
+MODES = ("staged", "in-place", "json")
+
+
+class _Model(torch.nn.Module):
+    """Eight float32 parameters larger than a file object's read buffer (each payload is
+    read straight from the file, at the moment the load reaches it), then an int64 buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.zeros(64, 64) for _ in range(8))
+        self.register_buffer("count", torch.tensor(0))
+
+
+class _Setup:
+    """A model at OLD values and a file at version A (B: the same size, other values)."""
+
+    def __init__(self, tmp_path: Path, mode: str):
+        self.mode = mode
+        self.model = _Model()
+        self.live = list(self.model.state_dict().values())
+        self.values = {name: li.values_of(self.model, seed) for name, seed in _SEEDS.items()}
+        suffix = "json" if mode == "json" else "tlsf32"
+        self.path = tmp_path / f"m.{suffix}"
+        self.images = {}
+        for name in ("A", "B"):
+            self.set(name)
+            target = tmp_path / f"{name}.{suffix}"
+            if mode == "json":
+                tlckpt.save_state_bits(self.model, target)
+            else:
+                tlckpt.save_module_state(self.model, target)
+            self.images[name] = target.read_bytes()
+        assert len(self.images["A"]) == len(self.images["B"])
+        self.path.write_bytes(self.images["A"])
+        self.set("old")
+
+    def set(self, name: str) -> None:
+        with torch.no_grad():
+            for t, v in zip(self.live, self.values[name]):
+                t.copy_(v)
+
+    def state(self) -> str:
+        for name, values in self.values.items():
+            if all(torch.equal(t, v) for t, v in zip(self.live, values)):
+                return name
+        return "mix"
+
+    def load(self) -> None:
+        if self.mode == "json":
+            tlckpt.load_state_bits(self.model, self.path)
+        else:
+            tlckpt.load_module_state(self.model, self.path, staged=self.mode == "staged")
+
+    def change(self, how: str) -> None:
+        """What the other process does to the file, in place."""
+        if how == "truncate":
+            os.truncate(self.path, len(self.images["A"]) - 4)  # cuts the count's payload
+        elif how == "rewrite":
+            with open(self.path, "r+b") as f:
+                f.write(self.images["B"])
+        else:  # "rename": a new complete file replaces the path, as tlckpt writes
+            replacement = self.path.with_suffix(".new")
+            replacement.write_bytes(self.images["B"])
+            os.replace(replacement, self.path)
+
+
+_SEEDS = {"old": 1, "A": 2, "B": 3}
+
+
+def _hook_payload_pass(
+    monkeypatch: pytest.MonkeyPatch, after: int | None, action: Callable[[], None]
+) -> None:
+    """Run ``action`` inside the pass that reads payloads into the model or its staging:
+    after the payload of record ``after``, or (``None``) once the pass has returned."""
+    real = module_state.read_float32_payloads
+
+    def hooked(f: Any, layout: Any, sink: Any) -> None:
+        if type(sink).__name__ not in ("_Stager", "_Installer"):
+            return real(f, layout, sink)  # the in-place mode's checking pass
+
+        class Sink:
+            def buffer(self, record: int, *args: Any) -> Any:
+                return sink.buffer(record, *args)
+
+            def done(self, record: int, *args: Any) -> Any:
+                result = sink.done(record, *args)
+                if record == after:
+                    action()
+                return result
+
+        real(f, layout, Sink())
+        if after is None:
+            action()
+
+    monkeypatch.setattr(module_state, "read_float32_payloads", hooked)
+
+
+# ------------------------------------------------------------------------------ TLSF32B
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+@pytest.mark.parametrize("mode", ["staged", "in-place"])
+def test_change_after_the_checking_pass_is_refused_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str
+) -> None:
+    setup = _Setup(tmp_path, mode)
+    real = module_state.validate_float32_state
+
+    def validate_then_change(f: Any, shapes: Any) -> Any:
+        layout = real(f, shapes)
+        setup.change(how)
+        return layout
+
+    monkeypatch.setattr(module_state, "validate_float32_state", validate_then_change)
+    with pytest.raises(FileChangedError, match="changed while it was being read"):
+        setup.load()
+    assert setup.state() == "old"
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_change_during_a_staged_load_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    setup = _Setup(tmp_path, "staged")
+    _hook_payload_pass(monkeypatch, 3, lambda: setup.change(how))
+    expected = TruncatedError if how == "truncate" else FileChangedError
+    with pytest.raises(expected):
+        setup.load()
+    assert setup.state() == "old"
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_change_during_an_in_place_load_says_the_model_is_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    setup = _Setup(tmp_path, "in-place")
+    _hook_payload_pass(monkeypatch, 3, lambda: setup.change(how))
+    with pytest.raises(PartialLoadError) as info:
+        setup.load()
+    error = info.value
+    assert setup.state() == "mix"  # what the error reports: a partial update
+    assert 4 <= error.written <= error.total == 9
+    assert f"partially updated: {error.written} of 9 tensors" in str(error)
+    assert str(setup.path) in str(error)
+    cause = TruncatedError if how == "truncate" else FileChangedError
+    assert isinstance(error.__cause__, cause)
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite", "rename"])
+@pytest.mark.parametrize("mode", ["staged", "in-place"])
+def test_change_after_the_last_byte_loads_the_version_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str
+) -> None:
+    setup = _Setup(tmp_path, mode)
+    _hook_payload_pass(monkeypatch, None, lambda: setup.change(how))
+    setup.load()
+    assert setup.state() == "A"
+
+
+@pytest.mark.parametrize("mode", ["staged", "in-place"])
+def test_rename_over_the_path_mid_load_is_not_a_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    setup = _Setup(tmp_path, mode)
+    _hook_payload_pass(monkeypatch, 3, lambda: setup.change("rename"))
+    setup.load()
+    assert setup.state() == "A"  # the open file's contents, complete
+
+
+def test_read_errors_during_an_in_place_load_become_partial_load_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup = _Setup(tmp_path, "in-place")
+
+    def fail() -> None:
+        raise OSError(5, "Input/output error")
+
+    _hook_payload_pass(monkeypatch, 2, fail)
+    with pytest.raises(PartialLoadError, match="partially updated") as info:
+        setup.load()
+    assert isinstance(info.value.__cause__, OSError)
+    monkeypatch.undo()
+    setup.set("old")
+    _hook_payload_pass(monkeypatch, 2, fail)
+    with pytest.raises(OSError):  # staged: the OSError itself, nothing live touched
+        tlckpt.load_module_state(setup.model, setup.path)
+    assert setup.state() == "old"
+
+
+# ------------------------------------------------------------------------------ JSON
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_change_while_json_is_read_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The document is read in one call, then parsed: the change lands in between."""
+    setup = _Setup(tmp_path, "json")
+    real = state_bits_module.read_document
+
+    def change_then_parse(*args: Any, **kwargs: Any) -> Any:
+        document = real(*args, **kwargs)
+        setup.change(how)
+        return document
+
+    monkeypatch.setattr(state_bits_module, "read_document", change_then_parse)
+    with pytest.raises(FileChangedError):
+        setup.load()
+    assert setup.state() == "old"
+
+
+def test_json_rename_over_the_path_mid_load_is_not_a_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup = _Setup(tmp_path, "json")
+    real = state_bits_module.read_document
+
+    def rename_then_parse(*args: Any, **kwargs: Any) -> Any:
+        document = real(*args, **kwargs)
+        setup.change("rename")
+        return document
+
+    monkeypatch.setattr(state_bits_module, "read_document", rename_then_parse)
+    setup.load()
+    assert setup.state() == "A"
+
+
+def test_json_staged_false_is_the_same_staged_load(tmp_path: Path) -> None:
+    setup = _Setup(tmp_path, "json")
+    tlckpt.load_state_bits(setup.model, setup.path, staged=False)
+    assert setup.state() == "A"
+
+
+# ------------------------------------------------------------------------------ real races
+
+
+def test_loads_racing_a_second_process_never_mix(tmp_path: Path) -> None:
+    proc = run_campaign(
+        ["fuzz.load_races", "--loads", "240", "--quiet", "--dir", str(tmp_path)], timeout=240
+    )
+    report = last_json(proc.stdout)
+    assert report, proc.stdout + proc.stderr[-3000:]
+    assert report["failures"] == [], report
+    assert report["silent_mixes"] == 0
+    assert report["loads"] == 240
+    for name, config in report["configs"].items():
+        outcomes = config["outcomes"]
+        assert not any("torn" in k or "despite" in k for k in outcomes), (name, outcomes)
+        raised = sum(v for k, v in outcomes.items() if not k.startswith("completed"))
+        assert raised > 0, (name, outcomes)  # some loads really overlapped a change
+        if not name.startswith("tlsf32-in-place"):
+            assert "PartialLoadError" not in outcomes, name
+    # Writes wholly inside a load's window happened, and every such load raised.
+    assert sum(c["writes_inside_a_load"] for c in report["configs"].values()) > 0
+    assert proc.returncode == 0

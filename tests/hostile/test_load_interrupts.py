@@ -1,0 +1,213 @@
+"""Ctrl-C during a load: the model holds all of its old values or all of the file's, never a mix.
+
+Deterministic versions: SIGINT is raised from inside a load at a chosen moment — before the
+commit (the model is unchanged) or while the commit writes live tensors (the commit finishes,
+then ``KeyboardInterrupt`` is raised, the model holding all of the file's values) — for every
+load mode, the optimizer's state swap and the sharded commit. The short CI run of
+``python -m fuzz.load_interrupts`` sends real SIGINTs from another process at random moments.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hostile_support import fuzz_module, last_json, run_campaign
+
+import tlckpt
+from tlckpt.runtime import module_state, sharded_state
+
+li = fuzz_module("load_interrupts")
+rh = fuzz_module("runtime_hostile")
+
+TRIGGERS: dict[str, Callable[[], None]] = {
+    "raise_signal": lambda: signal.raise_signal(signal.SIGINT),
+    "interrupt_main": _thread.interrupt_main,
+}
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint_handler() -> Iterator[None]:
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+class _Setup:
+    """A 48-tensor model (Linear, BatchNorm, an int64 buffer) at OLD values; its file holds
+    NEW ones (2,000 small tensors for JSON)."""
+
+    def __init__(self, tmp_path: Path, mode: str):
+        self.mode = mode
+        self.model = li.model_for("json" if mode == "json" else "tlsf32")
+        self.live = list(self.model.state_dict().values())
+        self.old, self.new = li.values_of(self.model, 1), li.values_of(self.model, 2)
+        self.set(self.new)
+        self.path = tmp_path / "m"
+        if mode == "json":
+            tlckpt.save_state_bits(self.model, self.path)
+        else:
+            tlckpt.save_module_state(self.model, self.path)
+        self.set(self.old)
+
+    def set(self, values: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for t, v in zip(self.live, values):
+                t.copy_(v)
+
+    def state(self) -> str:
+        if all(torch.equal(t, v) for t, v in zip(self.live, self.old)):
+            return "old"
+        if all(torch.equal(t, v) for t, v in zip(self.live, self.new)):
+            return "new"
+        return "mix"
+
+    def load(self) -> None:
+        if self.mode == "json":
+            tlckpt.load_state_bits(self.model, self.path)
+        else:
+            tlckpt.load_module_state(self.model, self.path, staged=self.mode == "staged")
+
+
+def _signalling(pairs: Any, trigger: Callable[[], None]) -> Iterator[Any]:
+    """The commit's pairs, raising SIGINT when the commit asks for the third one."""
+    for k, pair in enumerate(pairs):
+        if k == 2:
+            trigger()
+        yield pair
+
+
+def _signal_inside_the_commit(
+    monkeypatch: pytest.MonkeyPatch, mode: str, trigger: Callable[[], None]
+) -> None:
+    if mode == "in-place":  # the commit is the copying pass: signal after its third tensor
+        real = module_state._Installer.done
+        calls = []
+
+        def done(self: Any, record: int, field: str, buffer: Any) -> None:
+            real(self, record, field, buffer)
+            calls.append(record)
+            if len(calls) == 3:
+                trigger()
+
+        monkeypatch.setattr(module_state._Installer, "done", done)
+        return
+    real_commit = module_state.commit
+    monkeypatch.setattr(
+        module_state, "commit", lambda pairs: real_commit(_signalling(pairs, trigger))
+    )
+
+
+@pytest.mark.parametrize("trigger", sorted(TRIGGERS))
+@pytest.mark.parametrize("mode", ["staged", "in-place", "json"])
+def test_interrupt_inside_the_commit_is_raised_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, trigger: str
+) -> None:
+    setup = _Setup(tmp_path, mode)
+    _signal_inside_the_commit(monkeypatch, mode, TRIGGERS[trigger])
+    with pytest.raises(KeyboardInterrupt):
+        setup.load()
+    assert setup.state() == "new"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("mode", ["staged", "in-place", "json"])
+def test_interrupt_before_the_commit_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    setup = _Setup(tmp_path, mode)
+    if mode == "json":
+        real_read = module_state.read_state_bits
+
+        def read_then_signal(*args: Any) -> Any:
+            arrays = real_read(*args)
+            signal.raise_signal(signal.SIGINT)
+            return arrays
+
+        monkeypatch.setattr(module_state, "read_state_bits", read_then_signal)
+    else:  # in the payload pass (staged) or the checking pass (in place), at its 3rd payload
+        sink = module_state._Stager if mode == "staged" else module_state.Precheck
+        real_done = sink.done
+        calls = []
+
+        def done(self: Any, *args: Any) -> None:
+            real_done(self, *args)
+            calls.append(1)
+            if len(calls) == 3:
+                signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr(sink, "done", done)
+    with pytest.raises(KeyboardInterrupt):
+        setup.load()
+    assert setup.state() == "old"
+
+
+# ------------------------------------------------------------------------------ optimizer
+
+
+class _SignalAfterClear(defaultdict):
+    """An optimizer state that receives SIGINT right after it is cleared."""
+
+    def clear(self) -> None:
+        super().clear()
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_interrupt_between_clearing_and_filling_the_optimizer_state(tmp_path: Path) -> None:
+    model, opt = rh.build(rh.variants("cpu")[0])
+    path = tmp_path / "o.tladam"
+    tlckpt.save_optimizer(opt, model, path)
+    saved = {id(p): {k: v.clone() for k, v in s.items()} for p, s in opt.state.items()}
+    with torch.no_grad():
+        for s in opt.state.values():
+            s["exp_avg"].add_(1.0)
+    opt.state = _SignalAfterClear(dict, opt.state)
+    with pytest.raises(KeyboardInterrupt):
+        tlckpt.load_optimizer(opt, model, path)
+    assert len(opt.state) == len(saved)  # never the empty state between the two steps
+    for p, s in opt.state.items():
+        for key, value in s.items():
+            assert torch.equal(value, saved[id(p)][key]), key
+
+
+# ------------------------------------------------------------------------------ sharded
+
+
+def test_sharded_commit_holds_interrupts_back() -> None:
+    live = [torch.zeros(3) for _ in range(4)]
+
+    def stream() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for k, t in enumerate(live):
+            if k == 2:
+                signal.raise_signal(signal.SIGINT)
+            yield t, torch.full((3,), float(k + 1))
+
+    with pytest.raises(KeyboardInterrupt):
+        sharded_state._commit(stream())  # type: ignore[arg-type]
+    assert [t[0].item() for t in live] == [1.0, 2.0, 3.0, 4.0]
+
+
+# ------------------------------------------------------------------------------ real SIGINTs
+
+
+def test_sigint_at_random_moments_never_leaves_a_mix(tmp_path: Path) -> None:
+    proc = run_campaign(
+        ["fuzz.load_interrupts", "--trials", "240", "--quiet", "--dir", str(tmp_path)],
+        timeout=240,
+    )
+    report = last_json(proc.stdout)
+    assert report, proc.stdout + proc.stderr[-3000:]
+    assert report["failures"] == [], report
+    assert report["mixes"] == 0
+    assert report["trials"] == 240
+    for name, config in report["configs"].items():
+        assert config["during"] > 0, (name, config)  # interrupts landed inside the commit
+        assert config.get("before", 0) + config["during"] + config.get("after", 0) == 80
+    assert proc.returncode == 0
