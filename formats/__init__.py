@@ -4,12 +4,36 @@ One module per family: :mod:`.framing`, :mod:`.schema`, :mod:`.adam`, :mod:`.flo
 :mod:`.state_bits`; :mod:`.registry` maps ``(magic, version)`` to a spec.
 """
 
-from .adam import ADAM_V2, ADAM_V3, ADAM_V4, ADAM_V5, ADAM_VERSIONS, AdamLayout, layout_of
+from .adam import (
+    ADAM_V2,
+    ADAM_V3,
+    ADAM_V4,
+    ADAM_V5,
+    ADAM_VERSIONS,
+    AdamKind,
+    AdamLayout,
+    CounterPresence,
+    layout_of,
+)
 from .float32_state import FLOAT32_STATE_V1, TENSOR_RECORD
-from .framing import ADAM_MAGIC, FLOAT32_STATE_MAGIC, FRAMING, framed
-from .primitives import U64, InvalidField, Payload, Valid
+from .framing import ADAM_MAGIC, FLOAT32_STATE_MAGIC, FRAMING, framed, framing_bytes, framing_of
+from .primitives import (
+    F64,
+    U64,
+    U64_SIZE,
+    Category,
+    InvalidField,
+    Payload,
+    Valid,
+    bits_float,
+    field_path,
+    float_bits,
+    pack_u64,
+    unpack_u64,
+    unwrap,
+)
 from .registry import FileSpec, known_versions, lookup, register, unregister
-from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK, SLOT
+from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK, SHAPE_FIELDS, SLOT
 from .state_bits import ENCODINGS, BinaryFormat, ComplexFormat, encoding_by_name, parse_tag
 
 __all__ = [
@@ -19,10 +43,14 @@ __all__ = [
     "ADAM_V4",
     "ADAM_V5",
     "ADAM_VERSIONS",
+    "AdamKind",
     "AdamLayout",
     "BinaryFormat",
+    "Category",
     "ComplexFormat",
+    "CounterPresence",
     "ENCODINGS",
+    "F64",
     "FLOAT32_STATE_MAGIC",
     "FLOAT32_STATE_V1",
     "FRAMING",
@@ -31,16 +59,26 @@ __all__ = [
     "Payload",
     "REPRESENTATIVES_BLOCK",
     "SCHEMA_BLOCK",
+    "SHAPE_FIELDS",
     "SLOT",
     "TENSOR_RECORD",
     "U64",
+    "U64_SIZE",
     "Valid",
+    "bits_float",
     "encoding_by_name",
+    "field_path",
+    "float_bits",
     "framed",
+    "framing_bytes",
+    "framing_of",
     "known_versions",
     "layout_of",
     "lookup",
+    "pack_u64",
     "parse_tag",
     "register",
+    "unpack_u64",
     "unregister",
+    "unwrap",
 ]

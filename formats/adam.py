@@ -6,15 +6,18 @@ Field order is the byte order of the file.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-from construct import Array, Construct, Float64l, If, IfThenElse, Struct, this
+from construct import Array, Construct, If, IfThenElse, Struct, this
 
 from .framing import ADAM_MAGIC, framed
-from .primitives import U64, Payload, Valid
+from .primitives import F64, U64, Payload, TextEnum, Valid, field_path, unwrap
 from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK
 
 __all__ = [
+    "AdamKind",
+    "DtypeTag",
     "KIND_TAGS",
     "DTYPE_TAGS",
     "HYPERPARAMETERS",
@@ -24,27 +27,55 @@ __all__ = [
     "ADAM_V4",
     "ADAM_V5",
     "ADAM_VERSIONS",
+    "CounterPresence",
     "AdamLayout",
     "layout_of",
+    "VERSION",
+    "DTYPE_TAG",
+    "KIND",
+    "CONFIG",
+    "COUNTER_FLAG",
+    "RANDOM_COUNTER",
+    "SCHEMA",
+    "SLOT_COUNT",
+    "SLOTS",
+    "REPRESENTATIVES",
+    "ENTRY_COUNT",
+    "ENTRIES",
 ]
 
-#: kind tag → name. Any other tag is an error; an unknown tag never defaults to Adam.
-KIND_TAGS = {0: "adam", 1: "adamw"}
-#: v5 moment dtype tag → numpy dtype of the payloads.
-DTYPE_TAGS = {0: "<f4", 1: "<f8"}
 
-KIND = Valid(U64, lambda v, _: v in KIND_TAGS, expected="0 (Adam) or 1 (AdamW)", category="config")
-DTYPE_TAG = Valid(
+class AdamKind(enum.IntEnum):
+    """The update rule; the value is the file's kind tag."""
+
+    ADAM = 0
+    ADAMW = 1
+
+
+class DtypeTag(enum.IntEnum):
+    """v5's moment dtype tag."""
+
+    FLOAT32 = 0
+    FLOAT64 = 1
+
+
+#: kind tag → name. Any other tag is an error; an unknown tag never defaults to Adam.
+KIND_TAGS = {int(kind): kind.name.lower() for kind in AdamKind}
+#: v5 moment dtype tag → numpy dtype of the payloads; v2 to v4 store the first.
+DTYPE_TAGS = {int(DtypeTag.FLOAT32): "<f4", int(DtypeTag.FLOAT64): "<f8"}
+
+_KIND = Valid(U64, lambda v, _: v in KIND_TAGS, expected="0 (Adam) or 1 (AdamW)", category="config")
+_DTYPE_TAG = Valid(
     U64, lambda v, _: v in DTYPE_TAGS, expected="0 (float32) or 1 (float64)", category="config"
 )
-COUNTER_FLAG = Valid(U64, lambda v, _: v in (0, 1), expected="0 or 1", category="config")
+_COUNTER_FLAG = Valid(U64, lambda v, _: v in (0, 1), expected="0 or 1", category="config")
 
 #: The four moment-defining floats, stored as their exact binary64 bits.
 HYPERPARAMETERS = Struct(
-    "beta1" / Float64l * "f64bits",
-    "beta2" / Float64l * "f64bits",
-    "epsilon" / Float64l * "f64bits",
-    "weight_decay" / Float64l * "f64bits",
+    "beta1" / F64 * "f64bits",
+    "beta2" / F64 * "f64bits",
+    "epsilon" / F64 * "f64bits",
+    "weight_decay" / F64 * "f64bits",
 )
 
 
@@ -66,14 +97,14 @@ def _entries(dtype) -> list:
     ]
 
 
-_HEADER = ["kind" / KIND * "0 = Adam, 1 = AdamW", "config" / HYPERPARAMETERS]
+_HEADER = ["kind" / _KIND * "0 = Adam, 1 = AdamW", "config" / HYPERPARAMETERS]
 
 #: v2: float32 moments, no alias map. Cannot describe tied weights.
 ADAM_V2 = Struct(
     *framed(ADAM_MAGIC, 2),
     *_HEADER,
     "schema" / SCHEMA_BLOCK,
-    *_entries("<f4"),
+    *_entries(DTYPE_TAGS[DtypeTag.FLOAT32]),
 )
 
 #: v3: adds the representatives block so tied weights share one moment history.
@@ -82,7 +113,7 @@ ADAM_V3 = Struct(
     *_HEADER,
     "schema" / SCHEMA_BLOCK,
     "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
-    *_entries("<f4"),
+    *_entries(DTYPE_TAGS[DtypeTag.FLOAT32]),
 )
 
 #: v4: adds the random counter, so stochastic training resumes exactly.
@@ -92,15 +123,15 @@ ADAM_V4 = Struct(
     "random_counter" / U64 * "random-number counter",
     "schema" / SCHEMA_BLOCK,
     "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
-    *_entries("<f4"),
+    *_entries(DTYPE_TAGS[DtypeTag.FLOAT32]),
 )
 
 #: v5: the moment dtype becomes a field (float64 moments) and the counter optional.
 ADAM_V5 = Struct(
     *framed(ADAM_MAGIC, 5),
-    "dtype_tag" / DTYPE_TAG * "0 = float32, 1 = float64",
+    "dtype_tag" / _DTYPE_TAG * "0 = float32, 1 = float64",
     *_HEADER,
-    "counter_flag" / COUNTER_FLAG * "0 = absent, 1 = present",
+    "counter_flag" / _COUNTER_FLAG * "0 = absent, 1 = present",
     "random_counter" / If(this.counter_flag == 1, U64) * "random-number counter, if flagged",
     "schema" / SCHEMA_BLOCK,
     "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
@@ -109,6 +140,28 @@ ADAM_V5 = Struct(
 
 ADAM_VERSIONS = {2: ADAM_V2, 3: ADAM_V3, 4: ADAM_V4, 5: ADAM_V5}
 
+# Spec paths readers act on (a reader dispatches on these, never on a path's depth).
+VERSION = field_path(ADAM_V2, "version")
+DTYPE_TAG = field_path(ADAM_V5, "dtype_tag")
+KIND = field_path(ADAM_V2, "kind")
+CONFIG = field_path(ADAM_V2, "config")
+COUNTER_FLAG = field_path(ADAM_V5, "counter_flag")
+RANDOM_COUNTER = field_path(ADAM_V4, "random_counter")
+SCHEMA = field_path(ADAM_V2, "schema")
+SLOT_COUNT = field_path(ADAM_V2, "schema", "slot_count")
+SLOTS = field_path(ADAM_V2, "schema", "slots")
+REPRESENTATIVES = field_path(ADAM_V3, "representatives")
+ENTRY_COUNT = field_path(ADAM_V2, "entry_count")
+ENTRIES = field_path(ADAM_V2, "entries")
+
+
+class CounterPresence(TextEnum):
+    """Whether a version stores the random counter."""
+
+    NEVER = "never"
+    ALWAYS = "always"
+    OPTIONAL = "optional"
+
 
 @dataclass(frozen=True)
 class AdamLayout:
@@ -116,41 +169,38 @@ class AdamLayout:
 
     Attributes:
         moment_dtypes: payload dtypes the version can store.
-        counter: ``"never"``, ``"always"`` or ``"optional"``.
+        counter: whether the version stores the random counter.
         representatives: whether the version stores an alias map.
     """
 
     moment_dtypes: frozenset[str]
-    counter: str
+    counter: CounterPresence
     representatives: bool
 
 
-def _field(spec: Struct, name: str) -> Construct | None:
+def _field(spec: Struct, path: tuple[str, ...]) -> Construct | None:
+    (name,) = path
     for sc in spec.subcons:
         if sc.name == name:
             return sc
     return None
 
 
-def _unwrap(sc: Construct) -> Construct:
-    # Renamed and doc wrappers hold the real construct in `.subcon`.
-    while type(sc).__name__ == "Renamed":
-        sc = sc.subcon
-    return sc
-
-
 def layout_of(spec: Struct) -> AdamLayout:
     """Derive an Adam version's capabilities from its spec's fields."""
-    counter_field = _field(spec, "random_counter")
+    counter_field = _field(spec, RANDOM_COUNTER)
     if counter_field is None:
-        counter = "never"
-    elif isinstance(_unwrap(counter_field), IfThenElse):
-        counter = "optional"
+        counter = CounterPresence.NEVER
+    elif isinstance(unwrap(counter_field), IfThenElse):
+        counter = CounterPresence.OPTIONAL
     else:
-        counter = "always"
-    dtypes = frozenset(DTYPE_TAGS.values()) if _field(spec, "dtype_tag") else frozenset({"<f4"})
+        counter = CounterPresence.ALWAYS
+    if _field(spec, DTYPE_TAG) is not None:
+        dtypes = frozenset(DTYPE_TAGS.values())
+    else:
+        dtypes = frozenset({DTYPE_TAGS[DtypeTag.FLOAT32]})
     return AdamLayout(
         moment_dtypes=dtypes,
         counter=counter,
-        representatives=_field(spec, "representatives") is not None,
+        representatives=_field(spec, REPRESENTATIVES) is not None,
     )

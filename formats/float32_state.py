@@ -9,22 +9,25 @@ from __future__ import annotations
 from construct import Array, Struct, this
 
 from .framing import FLOAT32_STATE_MAGIC, framed
-from .primitives import U64, Payload, Valid, product
+from .primitives import U64, Payload, field_path
+from .schema import SHAPE_FIELDS
 
-__all__ = ["TENSOR_RECORD", "FLOAT32_STATE_V1"]
+__all__ = [
+    "TENSOR_DTYPE",
+    "TENSOR_RECORD",
+    "FLOAT32_STATE_V1",
+    "FLOAT32_STATE_VERSIONS",
+    "WRITTEN_VERSION",
+    "TENSOR_COUNT",
+    "TENSORS",
+]
+
+#: The dtype of every payload: binary32, little-endian.
+TENSOR_DTYPE = "<f4"
 
 TENSOR_RECORD = Struct(
-    "rank" / U64 * "number of dims (0 for a scalar)",
-    "dims" / Array(this.rank, U64) * "u64 per dim",
-    "element_count"
-    / Valid(
-        U64,
-        lambda value, ctx: value == product(ctx.dims),
-        expected="the product of the dims",
-        category="schema",
-    )
-    * "product of dims (1 for rank 0)",
-    "payload" / Payload(this.element_count, "<f4") * "binary32, little-endian",
+    *SHAPE_FIELDS,
+    "payload" / Payload(this.element_count, TENSOR_DTYPE) * "binary32, little-endian",
 )
 
 #: v1: the only version. Written one tensor at a time so that a large device model never
@@ -34,3 +37,11 @@ FLOAT32_STATE_V1 = Struct(
     "tensor_count" / U64 * "number of state tensors",
     "tensors" / Array(this.tensor_count, TENSOR_RECORD) * "in module state order",
 )
+
+FLOAT32_STATE_VERSIONS = {1: FLOAT32_STATE_V1}
+#: The version writers produce.
+WRITTEN_VERSION = 1
+
+#: Spec paths readers act on.
+TENSOR_COUNT = field_path(FLOAT32_STATE_V1, "tensor_count")
+TENSORS = field_path(FLOAT32_STATE_V1, "tensors")

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from construct import Bytes, Const, Struct
 
-from .primitives import U64
+from .primitives import U64, unpack_u64
 
-__all__ = ["MAGIC_SIZE", "FRAMING", "ADAM_MAGIC", "FLOAT32_STATE_MAGIC", "framed"]
+__all__ = [
+    "MAGIC_SIZE",
+    "VERSION_OFFSET",
+    "FRAMING_SIZE",
+    "FRAMING",
+    "ADAM_MAGIC",
+    "FLOAT32_STATE_MAGIC",
+    "framed",
+    "framing_of",
+    "framing_bytes",
+]
 
 MAGIC_SIZE = 7
 ADAM_MAGIC = b"TLADAMF"
@@ -23,6 +33,10 @@ FRAMING = Struct(
     "version" / U64 * "format version within the family",
 )
 
+#: Where the version starts, and how many bytes the framing takes.
+VERSION_OFFSET = MAGIC_SIZE
+FRAMING_SIZE: int = FRAMING.sizeof()
+
 
 def framed(magic: bytes, version: int) -> list:
     """The two leading fields of a version spec, fixed to ``magic`` and ``version``."""
@@ -32,3 +46,16 @@ def framed(magic: bytes, version: int) -> list:
         "magic" / Const(magic) * "ASCII family tag",
         "version" / Const(version, U64) * "format version within the family",
     ]
+
+
+def framing_of(head: bytes) -> tuple[bytes, int] | None:
+    """``(magic, version)`` of a file that starts with ``head``; ``None`` if ``head`` is
+    shorter than the framing. Nothing is checked: the magic may be any 7 bytes."""
+    if len(head) < FRAMING_SIZE:
+        return None
+    return bytes(head[:MAGIC_SIZE]), unpack_u64(head, VERSION_OFFSET)
+
+
+def framing_bytes(magic: bytes, version: int) -> bytes:
+    """The framing of a file of ``magic`` and ``version`` (for hand-made files and tests)."""
+    return FRAMING.build({"magic": magic, "version": version})

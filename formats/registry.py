@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from construct import Struct
 
 from .adam import ADAM_VERSIONS
-from .float32_state import FLOAT32_STATE_V1
+from .float32_state import FLOAT32_STATE_VERSIONS
 from .framing import ADAM_MAGIC, FLOAT32_STATE_MAGIC
 
 __all__ = ["FileSpec", "FAMILIES", "register", "unregister", "lookup", "known_versions"]
@@ -80,6 +80,9 @@ def known_versions(magic: bytes) -> list[int]:
     return sorted(v for (m, v) in _REGISTRY if m == magic)
 
 
-for _version, _struct in ADAM_VERSIONS.items():
-    register(ADAM_MAGIC, _version, _struct)
-register(FLOAT32_STATE_MAGIC, 1, FLOAT32_STATE_V1)
+for _magic, _versions in (
+    (ADAM_MAGIC, ADAM_VERSIONS),
+    (FLOAT32_STATE_MAGIC, FLOAT32_STATE_VERSIONS),
+):
+    for _version, _struct in _versions.items():
+        register(_magic, _version, _struct)

@@ -11,9 +11,11 @@ from construct import Array, Struct, this
 
 from .primitives import U64, Valid, product
 
-__all__ = ["SLOT", "SCHEMA_BLOCK", "REPRESENTATIVES_BLOCK"]
+__all__ = ["SHAPE_FIELDS", "SLOT", "SCHEMA_BLOCK", "REPRESENTATIVES_BLOCK"]
 
-SLOT = Struct(
+#: A tensor's shape as every record that carries one stores it (a schema slot, a ``TLSF32B``
+#: tensor): rank, the dims, and their product, checked.
+SHAPE_FIELDS = (
     "rank" / U64 * "number of dims (0 for a scalar)",
     "dims" / Array(this.rank, U64) * "u64 per dim",
     "element_count"
@@ -24,6 +26,10 @@ SLOT = Struct(
         category="schema",
     )
     * "product of dims (1 for rank 0)",
+)
+
+SLOT = Struct(
+    *SHAPE_FIELDS,
     "requires_grad"
     / Valid(U64, lambda value, ctx: value in (0, 1), expected="0 or 1", category="schema")
     * "1 if the slot is trainable, else 0",

@@ -12,10 +12,23 @@ The JSON document itself::
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
+    "FORMAT_KEY",
+    "STATE_KEY",
+    "SHAPE_KEY",
+    "VALUES_KEY",
+    "TOP_KEYS",
+    "ENTRY_KEYS",
+    "DOCUMENT_SKETCH",
+    "ENTRY_SKETCH",
+    "DocumentLayout",
+    "PRETTY",
+    "COMPACT",
     "SPECIAL_VALUE_CONVENTIONS",
     "BinaryFormat",
     "ComplexFormat",
@@ -27,6 +40,75 @@ __all__ = [
 
 #: How a configured binary format spends its top exponent (see FORMAT.md §5).
 SPECIAL_VALUE_CONVENTIONS = ("ieee", "finite-max-nan", "finite-unsigned-zero", "finite")
+
+# --------------------------------------------------------------------------- the document
+
+#: The top-level object's members: the encoding's tag, and the tensors in state order.
+FORMAT_KEY = "format"
+STATE_KEY = "state"
+#: A tensor's members: its shape (non-negative integers) and its values, one word each
+#: (``0 <= w < 2**width``; a complex value is the pair ``[re_word, im_word]``).
+SHAPE_KEY = "shape"
+VALUES_KEY = "values"
+#: The members that mean something, by the object holding them. Each may appear once: JSON
+#: readers disagree on which of two counts (orjson and Python keep the last, others the
+#: first), so a document naming one twice is refused.
+TOP_KEYS = (FORMAT_KEY, STATE_KEY)
+ENTRY_KEYS = (SHAPE_KEY, VALUES_KEY)
+#: The document and one tensor as messages sketch them.
+DOCUMENT_SKETCH = f'{{"{FORMAT_KEY}": ..., "{STATE_KEY}": [...]}}'
+ENTRY_SKETCH = f'{{"{SHAPE_KEY}": [...], "{VALUES_KEY}": [...]}}'
+
+
+def _key(name: str) -> bytes:
+    return json.dumps(name).encode()
+
+
+@dataclass(frozen=True)
+class DocumentLayout:
+    """The bytes a writer puts around the tag and each tensor's shape and values.
+
+    A document is ``start + tag + state``, then per tensor ``entry`` (``separator`` before
+    all but the first), the shape (dims joined by ``dim_separator`` in brackets), ``values``,
+    the words, ``end_entry``; then ``end`` (``end_empty`` when there is no tensor).
+    """
+
+    start: bytes
+    state: bytes
+    entry: bytes
+    values: bytes
+    end_entry: bytes
+    separator: bytes
+    dim_separator: bytes
+    end: bytes
+    end_empty: bytes
+
+
+def _layout(
+    space: bytes, indent: bytes, entry_indent: bytes, close: bytes, close_empty: bytes
+) -> DocumentLayout:
+    """A layout from its whitespace: after each colon and comma (``space``), before each
+    member of the top-level object (``indent``) and before each tensor (``entry_indent``)."""
+    colon, comma = b":" + space, b"," + space
+    return DocumentLayout(
+        start=b"{" + indent + _key(FORMAT_KEY) + colon,
+        state=b"," + indent + _key(STATE_KEY) + colon + b"[",
+        entry=entry_indent + b"{" + _key(SHAPE_KEY) + colon,
+        values=comma + _key(VALUES_KEY) + colon,
+        end_entry=b"}",
+        separator=b",",
+        dim_separator=comma,
+        end=close,
+        end_empty=close_empty,
+    )
+
+
+#: Indented, one line per tensor (TorchLean's own files differ only in whitespace).
+PRETTY = _layout(b" ", b"\n  ", b"\n    ", b"\n  ]\n}\n", b"]\n}\n")
+#: No whitespace at all.
+COMPACT = _layout(b"", b"", b"", b"]}", b"]}")
+
+# --------------------------------------------------------------------------- the encodings
 
 _WORD_DTYPES = ((8, "<u1"), (16, "<u2"), (32, "<u4"), (64, "<u8"))
 # Parameters are bounded in length: a tag comes from an untrusted file, and ``int()`` of a
@@ -41,8 +123,23 @@ _COMPLEX_TAG = re.compile(r"torchlean_state_complex_v1\((.*)\)")
 _MAX_TAG_DEPTH = 4
 
 
+class _Words:
+    """What every scalar format derives the same way from its word and native dtypes."""
+
+    #: Whether a value is a ``[re, im]`` pair of words.
+    pair: ClassVar[bool] = False
+    native_dtype: str | None
+    word_dtype: str
+
+    @property
+    def array_dtype(self) -> str:
+        """The dtype of arrays handed to and returned by the codec: the native dtype, or
+        the words (for a complex format, with a trailing axis of 2: re, im)."""
+        return self.native_dtype or self.word_dtype
+
+
 @dataclass(frozen=True)
-class BinaryFormat:
+class BinaryFormat(_Words):
     """A binary floating-point format: sign, ``exponent_bits``, ``fraction_bits``.
 
     Attributes:
@@ -87,20 +184,12 @@ class BinaryFormat:
                 return dtype
         raise ValueError(f"{self.width}-bit words do not fit in 64 bits")
 
-    @property
-    def array_dtype(self) -> str:
-        """The dtype of arrays handed to and returned by the codec."""
-        return self.native_dtype or self.word_dtype
-
-    @property
-    def pair(self) -> bool:
-        return False
-
 
 @dataclass(frozen=True)
-class ComplexFormat:
+class ComplexFormat(_Words):
     """Complex values: ``[re_word, im_word]`` pairs in the ``inner`` encoding."""
 
+    pair: ClassVar[bool] = True
     inner: BinaryFormat
     native_dtype: str | None = None
 
@@ -115,15 +204,6 @@ class ComplexFormat:
     @property
     def word_dtype(self) -> str:
         return self.inner.word_dtype
-
-    @property
-    def array_dtype(self) -> str:
-        """Native complex dtype, or words with a trailing axis of 2 (re, im)."""
-        return self.native_dtype or self.word_dtype
-
-    @property
-    def pair(self) -> bool:
-        return True
 
 
 ScalarFormat = BinaryFormat | ComplexFormat

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from construct import Const, ConstructError, Renamed, Struct
+from construct import Const, ConstructError, Struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +44,7 @@ from tlckpt.formats import (
     parse_tag,
     register,
     unregister,
+    unwrap,
 )
 from tlckpt.formats import registry as registry_module
 from tlckpt.formats.state_bits import SPECIAL_VALUE_CONVENTIONS
@@ -264,15 +265,9 @@ def test_registry_maps_adam_versions(version: int) -> None:
     # Each spec fixes its own framing.
     head = spec.struct.subcons[:2]
     assert [sc.name for sc in head] == ["magic", "version"]
-    magic, fixed = (_unwrap(sc) for sc in head)
+    magic, fixed = (unwrap(sc) for sc in head)
     assert isinstance(magic, Const) and magic.value == ADAM_MAGIC
     assert isinstance(fixed, Const) and fixed.value == version
-
-
-def _unwrap(sc: Any) -> Any:
-    while isinstance(sc, Renamed):
-        sc = sc.subcon
-    return sc
 
 
 def test_registry_maps_float32_state_and_rejects_unknown_pairs() -> None:
