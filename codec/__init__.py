@@ -3,6 +3,8 @@
 Errors are re-exported here and from :mod:`tlckpt`.
 """
 
+# The built-in families register themselves with the family registry (codec.families).
+from . import adam_family, model_state_families  # noqa: F401
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
 from .atomic import atomic_output, clean_temporaries, is_temporary
 from .config import AdamConfig, AdamKind, MomentDtype

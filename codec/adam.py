@@ -7,7 +7,6 @@ until the whole file, trailing bytes included, has been checked.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,10 +14,22 @@ import numpy as np
 from construct import Container
 
 from ..formats import registry
-from ..formats.adam import layout_of
-from ..formats.framing import ADAM_MAGIC
-from ..formats.primitives import U64_MAX
-from .atomic import output
+from ..formats.adam import (
+    CONFIG,
+    COUNTER_FLAG,
+    DTYPE_TAG,
+    ENTRIES,
+    ENTRY_COUNT,
+    KIND,
+    RANDOM_COUNTER,
+    REPRESENTATIVES,
+    SCHEMA,
+    SLOTS,
+    VERSION,
+    layout_of,
+)
+from ..formats.framing import ADAM_MAGIC, FRAMING
+from .adam_writer import select_version, write_adam
 from .batches import RecordBatch
 from .config import AdamConfig, AdamKind, MomentDtype
 from .errors import (
@@ -30,16 +41,16 @@ from .errors import (
 )
 from .framed import check_trailing, read_framing
 from .schema import ParameterSchema
-from .schema_check import SchemaVisitorMixin, schema_values
+from .schema_check import SchemaVisitorMixin
 from .source import PathOrFile, open_source
-from .walker import Path, Visitor, parse
-from .walker import build as build_spec
+from .walker import Path, Visitor, field_name, parse
 
 __all__ = [
     "AdamEntry",
     "AdamCheckpoint",
     "PayloadSink",
     "read_adam",
+    "scan_adam",
     "write_adam",
     "select_version",
 ]
@@ -85,8 +96,16 @@ class PayloadSink(Protocol):
         """Called once the buffer is filled; the result is what the entry keeps."""
 
 
-_HEADER_FIELDS = ("dtype_tag", "kind", "config", "counter_flag", "random_counter")
-_BLOCKS = frozenset({"magic", "version", "schema", "representatives", "entry_count", "entries"})
+#: Top-level fields the reader knows; any other a version defines is reported by name.
+_KNOWN = frozenset(
+    [sc.name for sc in FRAMING.subcons]
+    + [p[0] for p in (DTYPE_TAG, KIND, CONFIG, COUNTER_FLAG, RANDOM_COUNTER, ENTRY_COUNT)]
+    + [SCHEMA[0], REPRESENTATIVES[0], ENTRIES[0]]
+)
+_SCHEMA_BLOCKS = frozenset({SCHEMA[0], REPRESENTATIVES[0]})
+_ENTRIES = ENTRIES[0]
+#: Path length of an entry record, ``(*ENTRIES, i)``.
+_ENTRY_DEPTH = len(ENTRIES) + 1
 
 
 class _AdamReader(SchemaVisitorMixin, Visitor):
@@ -112,20 +131,20 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         self.config: AdamConfig | None = None
         self.random_counter: int | None = None
         self.entries: dict[int, AdamEntry] = {}
+        #: Bytes of each entry's payloads, as the spec sized them (payloads skipped only).
+        self.payload_bytes: dict[int, int] = {}
         self.fields: dict[str, Any] = {}
         self.init_schema_check(schema)
 
     def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         head = path[0]
-        if head == "schema" or head == "representatives":
+        if head in _SCHEMA_BLOCKS:
             self.check_schema_field(path, value, offset, ctx)
-            return
-        if head == "entries":
+        elif head == _ENTRIES:
             self._entry_field(path, value, offset, ctx)
-            return
-        if len(path) != 1:
-            return
-        if head == "version":
+        elif len(path) > 1:
+            return  # inside a header struct (config): judged whole, as ``config``
+        elif path == VERSION:
             if (
                 self.expected is not None
                 and self.expected.has_aliases
@@ -135,38 +154,38 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
                     f"version {value} cannot restore shared parameter histories: the"
                     " destination has tied parameters",
                     offset=offset,
-                    field="version",
+                    field=field_name(VERSION),
                     actual=value,
                 )
-        elif head == "dtype_tag":
+        elif path == DTYPE_TAG:
             self.file_dtype = MomentDtype.from_tag(value)
             self._check_dtype(offset)
-        elif head == "config":
-            if "dtype_tag" not in ctx:
+        elif path == CONFIG:
+            if DTYPE_TAG[0] not in ctx:
                 self._check_dtype(offset)
             self._check_config(ctx, offset)
-        elif head == "random_counter":
+        elif path == RANDOM_COUNTER:
             self.random_counter = value
-        elif head == "entry_count":
+        elif path == ENTRY_COUNT:
             want = self.schema.optimizer_state_count
             if value != want:
                 raise EntryError(
                     f"entry_count is {value}, the schema has {want} representative slot(s)",
                     offset=offset,
-                    field="entry_count",
+                    field=field_name(ENTRY_COUNT),
                     actual=value,
                     expected=want,
                 )
-        elif head not in _BLOCKS and head not in _HEADER_FIELDS:
+        elif head not in _KNOWN:
             self.fields[head] = value
 
     def batches(self, path: Path) -> bool:
-        if path == ("schema", "slots"):
+        if path == SLOTS:
             return True
-        return path == ("entries",) and self.skip_payloads
+        return path == ENTRIES and self.skip_payloads
 
     def on_records(self, path: Path, batch: RecordBatch) -> bool:
-        if path[0] == "schema":
+        if path == SLOTS:
             return self.schema_records(batch)
         # Every rule _entry_field applies, for the whole batch; any break: walk it instead.
         schema = self.schema
@@ -183,8 +202,11 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
             ):
                 return False
             seen.add(slot)
+        sizes = self.payload_bytes
+        nbytes = sum(n * dtype.itemsize for _, _, n, dtype in batch.payloads)
         for slot, step in zip(ids, steps):
             entries[slot] = AdamEntry(step, None, None)
+            sizes[slot] = nbytes
         return True
 
     def _check_dtype(self, offset: int) -> None:
@@ -223,36 +245,26 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         self.config = config
 
     def _entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
-        if len(path) == 1:  # the whole array: records were kept one by one
+        # Called for the paths under ENTRIES only: their length says which they are.
+        depth = len(path)
+        if depth == _ENTRY_DEPTH - 1:  # the whole array: records were kept one by one
             return
-        if len(path) == 2:  # a whole record: keep it
+        if depth == _ENTRY_DEPTH:  # a whole record: keep it
             self.entries[value.id] = AdamEntry(int(value.step), value.m, value.v)
             return
-        name = path[2]
-        where = f"entries[{path[1]}].{name}"
+        name = path[-1]
         schema = self.schema
         if name == "id":
-            if not value < len(schema):
-                raise EntryError(
-                    f"entry id {value} is out of range: {len(schema)} slot(s)",
-                    offset=offset,
-                    field=where,
-                    actual=value,
-                )
-            if value in self.entries:
-                raise EntryError(f"duplicate entry id {value}", offset=offset, field=where)
-            if not schema.is_representative(value):
-                what = "frozen" if schema.representative(value) is None else "an alias"
-                raise EntryError(
-                    f"entry id {value} is {what}; only representative slots own moments",
-                    offset=offset,
-                    field=where,
-                    actual=value,
-                )
+            fresh = value < len(schema) and value not in self.entries
+            if not (fresh and schema.is_representative(value)):
+                self._bad_id(value, offset, field_name(path))
         elif name == "step":
             if value == 0:
                 raise EntryError(
-                    f"entry for slot {ctx.id} has step 0", offset=offset, field=where, actual=0
+                    f"entry for slot {ctx.id} has step 0",
+                    offset=offset,
+                    field=field_name(path),
+                    actual=0,
                 )
         elif name == "count":
             want = schema.element_count(ctx.id)
@@ -260,15 +272,38 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
                 raise EntryError(
                     f"entry for slot {ctx.id} has {value} elements, the slot has {want}",
                     offset=offset,
-                    field=where,
+                    field=field_name(path),
                     actual=value,
                     expected=want,
                 )
+
+    def _bad_id(self, value: int, offset: int, where: str) -> None:
+        """Raise for an entry id that is out of range, repeated, or not a representative's."""
+        schema = self.schema
+        if not value < len(schema):
+            raise EntryError(
+                f"entry id {value} is out of range: {len(schema)} slot(s)",
+                offset=offset,
+                field=where,
+                actual=value,
+            )
+        if value in self.entries:
+            raise EntryError(f"duplicate entry id {value}", offset=offset, field=where)
+        if not schema.is_representative(value):
+            what = "frozen" if schema.representative(value) is None else "an alias"
+            raise EntryError(
+                f"entry id {value} is {what}; only representative slots own moments",
+                offset=offset,
+                field=where,
+                actual=value,
+            )
 
     def payload_buffer(
         self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
     ) -> Any:
         if self.skip_payloads:
+            slot = int(ctx.id)
+            self.payload_bytes[slot] = self.payload_bytes.get(slot, 0) + count * dtype.itemsize
             return None
         if self.sink is not None:
             return self.sink.buffer(int(ctx.id), path[-1], count, dtype)
@@ -287,7 +322,7 @@ def _read(
     expected_config: AdamConfig | None,
     sink: PayloadSink | None,
     skip_payloads: bool,
-) -> AdamCheckpoint:
+) -> tuple[AdamCheckpoint, _AdamReader]:
     with open_source(path) as src:
         spec = read_framing(src, expect=ADAM_MAGIC)
         reader = _AdamReader(spec, schema, dtype, expected_config, sink, skip_payloads)
@@ -295,7 +330,7 @@ def _read(
         check_trailing(src)
     if reader.config is None:  # every registered Adam spec has a config; a toy might not
         raise CheckpointError(f"version {spec.version} has no config field")
-    return AdamCheckpoint(
+    checkpoint = AdamCheckpoint(
         spec.version,
         reader.config,
         reader.entries,
@@ -303,6 +338,7 @@ def _read(
         reader.stored_schema,
         reader.fields,
     )
+    return checkpoint, reader
 
 
 @names_the_file()
@@ -342,7 +378,7 @@ def read_adam(
         raise ConfigError(
             f"dtype must be float32 or float64, got {dtype!r}", field="dtype", actual=dtype
         ) from None
-    return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)
+    return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)[0]
 
 
 @names_the_file()
@@ -352,154 +388,11 @@ def scan_adam(path: PathOrFile) -> AdamCheckpoint:
     Used by ``inspect``/``validate``: every rule that does not need a destination applies
     (the stored schema must be well-formed); moments are ``None``.
     """
-    return _read(path, None, None, None, None, skip_payloads=True)
+    return _read(path, None, None, None, None, skip_payloads=True)[0]
 
 
-def select_version(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> int:
-    """The version FORMAT.md's selection rule picks: the lowest registered one that fits.
-
-    (float64 → 5; a counter → 4; aliases → 3; else 2.)
-    """
-    for version in registry.known_versions(ADAM_MAGIC):
-        spec = registry.lookup(ADAM_MAGIC, version)
-        if spec is not None and _fits(layout_of(spec.struct), schema, config, random_counter):
-            return version
-    raise CheckpointError("no registered Adam version can hold this state")
-
-
-def _fits(layout: Any, schema: ParameterSchema, config: AdamConfig, counter: int | None) -> bool:
-    if config.dtype.numpy.str not in layout.moment_dtypes:
-        return False
-    if counter is None and layout.counter == "always":
-        return False
-    if counter is not None and layout.counter == "never":
-        return False
-    return layout.representatives or not schema.has_aliases
-
-
-def _check_entry(slot: int, entry: Any, schema: ParameterSchema, dtype: np.dtype) -> None:
-    step = getattr(entry, "step", None)
-    integral = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
-    if not integral or not 1 <= step <= U64_MAX:
-        raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
-    count = schema.element_count(slot)
-    for name in ("m", "v"):
-        array = getattr(entry, name, None)
-        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
-            got = (
-                f"{array.dtype} with {array.size} elements"
-                if isinstance(array, np.ndarray)
-                else type(array).__name__
-            )
-            raise EntryError(
-                f"entry for slot {slot}: {name} must be {dtype} with {count} elements, got {got}",
-                field=f"entries[{slot}].{name}",
-            )
-
-
-def _entry_records(
-    entries: Mapping[int, Any], schema: ParameterSchema, dtype: np.dtype, checked: bool
-):
-    for slot in schema.representative_slots:
-        entry = entries[slot]
-        if not checked:
-            _check_entry(slot, entry, schema, dtype)
-        yield {
-            "id": slot,
-            "step": int(entry.step),
-            "count": schema.element_count(slot),
-            "m": entry.m.reshape(-1),
-            "v": entry.v.reshape(-1),
-        }
-
-
-@names_the_file()
-def write_adam(
-    path: PathOrFile,
-    schema: ParameterSchema,
-    config: AdamConfig,
-    entries: Mapping[int, AdamEntry],
-    random_counter: int | None = None,
-    *,
-    version: int | None = None,
-) -> int:
-    """Write an Adam/AdamW checkpoint atomically; returns the version written.
-
-    Args:
-        path: destination path (written atomically), or a binary file object.
-        schema: the parameters' schema; must be well-formed.
-        config: the bound configuration; validated.
-        entries: one :class:`AdamEntry` per representative slot and no others. Accessed one at
-            a time in increasing slot order, so a lazy mapping can produce each host array
-            on demand.
-        random_counter: a u64 to store (selects version 4, or 5 for float64), or ``None``.
-        version: force a registered version instead of FORMAT.md's selection.
-
-    Returns:
-        The version written.
-
-    Raises:
-        CheckpointError: invalid schema/config/entries/counter; nothing is left at ``path``
-            beyond the previous file.
-        OSError: from the file system.
-    """
-    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
-        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
-    if not isinstance(config, AdamConfig):
-        raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
-    config.validate()
-    if random_counter is not None and (
-        isinstance(random_counter, bool)
-        or not isinstance(random_counter, (int, np.integer))
-        or not 0 <= random_counter <= U64_MAX
-    ):
-        raise ConfigError(
-            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
-            field="random_counter",
-            actual=random_counter,
-        )
-    want = set(schema.representative_slots)
-    have = set(entries.keys())
-    if have != want:
-        missing, extra = sorted(want - have), sorted(have - want)
-        raise EntryError(
-            f"entries must cover exactly the representative slots {sorted(want)}"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; not representative {extra}" if extra else ""),
-            actual=sorted(have),
-            expected=sorted(want),
-        )
-    dtype = config.dtype.numpy
-    # A plain dict is already in memory: check all of it before the first byte is written.
-    eager = isinstance(entries, dict)
-    if eager:
-        for slot in schema.representative_slots:
-            _check_entry(slot, entries[slot], schema, dtype)
-
-    chosen = select_version(schema, config, random_counter) if version is None else version
-    spec = registry.lookup(ADAM_MAGIC, chosen)
-    if spec is None:
-        raise CheckpointError(
-            f"unknown Adam version {chosen}; registered: {registry.known_versions(ADAM_MAGIC)}"
-        )
-    if not _fits(layout_of(spec.struct), schema, config, random_counter):
-        raise CheckpointError(f"version {chosen} cannot hold this state")
-
-    values = {
-        "dtype_tag": config.dtype.tag,
-        "kind": int(config.kind),
-        "config": {
-            "beta1": config.beta1,
-            "beta2": config.beta2,
-            "epsilon": config.epsilon,
-            "weight_decay": config.weight_decay,
-        },
-        "counter_flag": 0 if random_counter is None else 1,
-        "random_counter": None if random_counter is None else int(random_counter),
-        **schema_values(schema),
-        "entry_count": schema.optimizer_state_count,
-        "entries": _entry_records(entries, schema, dtype, checked=eager),
-    }
-    with output(path) as f:
-        build_spec(f, spec.struct, values)
-    return chosen
+def scan_adam_sizes(path: PathOrFile) -> tuple[AdamCheckpoint, dict[int, int]]:
+    """:func:`scan_adam`, and the bytes of each entry's payloads as the file's spec sizes
+    them (slot id → bytes), for a description of the file."""
+    checkpoint, reader = _read(path, None, None, None, None, skip_payloads=True)
+    return checkpoint, reader.payload_bytes

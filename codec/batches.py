@@ -108,24 +108,21 @@ class _Reads(Container):
         self.reads.add(key)
         return super().__contains__(key)
 
-    def _all(self) -> None:
+
+def _reads_everything(name: str) -> Any:
+    """``Container``'s method ``name``, noting that its caller looks at every key."""
+    method = getattr(Container, name)
+
+    def noted(self: _Reads, *args: Any) -> Any:
         self.reads.add(_EVERYTHING)
+        return method(self, *args)
 
-    def keys(self) -> Any:
-        self._all()
-        return super().keys()
+    noted.__name__ = name
+    return noted
 
-    def values(self) -> Any:
-        self._all()
-        return super().values()
 
-    def items(self) -> Any:
-        self._all()
-        return super().items()
-
-    def __iter__(self) -> Any:
-        self._all()
-        return super().__iter__()
+for _name in ("keys", "values", "items", "__iter__"):
+    setattr(_Reads, _name, _reads_everything(_name))
 
 
 _EVERYTHING = object()  # a function looked at every key: nothing can be free

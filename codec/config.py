@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import enum
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.adam import DTYPE_TAGS, AdamKind, DtypeTag
+from ..formats.primitives import float_bits
 from .errors import ConfigError
 
 __all__ = ["AdamKind", "MomentDtype", "AdamConfig", "float_bits"]
-
-
-class AdamKind(enum.IntEnum):
-    """The update rule; the value is the file's kind tag."""
-
-    ADAM = 0
-    ADAMW = 1
 
 
 class MomentDtype(enum.Enum):
@@ -29,20 +23,18 @@ class MomentDtype(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        return np.dtype("<f4") if self is MomentDtype.FLOAT32 else np.dtype("<f8")
+        """The payloads' numpy dtype, as the Adam specs store it."""
+        return np.dtype(DTYPE_TAGS[self.tag])
 
     @property
     def tag(self) -> int:
-        return 0 if self is MomentDtype.FLOAT32 else 1
+        """v5's ``dtype_tag`` for this dtype."""
+        return int(DtypeTag[self.name])
 
     @classmethod
     def from_tag(cls, tag: int) -> MomentDtype:
-        return cls.FLOAT32 if tag == 0 else cls.FLOAT64
-
-
-def float_bits(x: float) -> int:
-    """The binary64 bit pattern of ``x`` as an unsigned integer."""
-    return struct.unpack("<Q", struct.pack("<d", x))[0]
+        """The dtype a (checked) v5 ``dtype_tag`` names."""
+        return cls[DtypeTag(tag).name]
 
 
 @dataclass(frozen=True)

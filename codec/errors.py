@@ -30,6 +30,7 @@ __all__ = [
     "FileTooLargeError",
     "FileChangedError",
     "PartialLoadError",
+    "ERROR_OF_CATEGORY",
     "error_for_category",
     "from_construct",
     "names_the_file",
@@ -148,7 +149,10 @@ class PartialLoadError(CheckpointError):
         return self.expected
 
 
-_BY_CATEGORY: dict[str, type[CheckpointError]] = {
+#: What each kind of broken rule raises: the categories of the spec checks
+#: (``formats.primitives.Category``) and of the conformance manifest (``tests/vectors``),
+#: which names three of them more finely (``dtype``, ``counter``; ``json``, ``value``).
+ERROR_OF_CATEGORY: dict[str, type[CheckpointError]] = {
     "family": UnsupportedFormatError,
     "version": UnsupportedVersionError,
     "truncated": TruncatedError,
@@ -165,8 +169,8 @@ _BY_CATEGORY: dict[str, type[CheckpointError]] = {
 
 
 def error_for_category(category: str) -> type[CheckpointError]:
-    """The error class for a spec check's category (see ``formats.primitives.CATEGORIES``)."""
-    return _BY_CATEGORY.get(category, CheckpointError)
+    """The error class for a spec check's category (see ``formats.primitives.Category``)."""
+    return ERROR_OF_CATEGORY.get(category, CheckpointError)
 
 
 def from_construct(

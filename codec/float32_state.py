@@ -10,11 +10,13 @@ import numpy as np
 from construct import Container
 
 from ..formats import registry
+from ..formats.float32_state import TENSOR_COUNT, TENSOR_DTYPE, TENSORS, WRITTEN_VERSION
 from ..formats.framing import FLOAT32_STATE_MAGIC
 from ..formats.primitives import product
 from .adam import PayloadSink
 from .atomic import output
 from .batches import RecordBatch
+from .builder import build as build_spec
 from .errors import (
     CheckpointError,
     SchemaMismatchError,
@@ -25,8 +27,7 @@ from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
 from .schema_check import check_shape_field
 from .source import FileStamp, PathOrFile, open_source
-from .walker import Path, Visitor, parse
-from .walker import build as build_spec
+from .walker import Path, Visitor, field_name, parse
 
 __all__ = [
     "write_float32_state",
@@ -35,10 +36,14 @@ __all__ = [
     "read_float32_payloads",
     "StateLayout",
     "scan_float32_state",
+    "scan_float32_sizes",
     "is_float32_state",
 ]
 
-_F32 = np.dtype("<f4")
+_TENSOR_DTYPE = np.dtype(TENSOR_DTYPE)
+#: Path lengths of a tensor record, ``(*TENSORS, i)``, and of its fields.
+_RECORD_DEPTH = len(TENSORS) + 1
+_FIELD_DEPTH = len(TENSORS) + 2
 
 
 class _StateReader(Visitor):
@@ -51,24 +56,27 @@ class _StateReader(Visitor):
         self.values: list[Any] = []
         self.found: list[tuple[int, ...]] = []
         self.offsets: list[int] = []
+        self.sizes: list[int] = []  # payload bytes, as the spec sizes them (skipped only)
         self.templates: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.version = 0  # set from the framing before the parse
 
     def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
-        if path == ("tensor_count",):
-            if self.shapes is not None and value != len(self.shapes):
-                raise SchemaMismatchError(
-                    f"tensor count {value} in the file, {len(self.shapes)} expected",
-                    offset=offset,
-                    field="tensor_count",
-                    actual=value,
-                    expected=len(self.shapes),
-                )
-        elif len(path) == 3:
-            if self.shapes is not None:
-                index = path[1]
-                check_shape_field(path[2], value, self.shapes[index], offset, "tensor", path)
-        elif len(path) == 2:
+        # Depths first (a cheap test on every field), then the declared path itself.
+        depth = len(path)
+        if depth == _FIELD_DEPTH:
+            if self.shapes is not None and path[:-2] == TENSORS:  # a tensor record's field
+                index = path[-2]
+                check_shape_field(path[-1], value, self.shapes[index], offset, "tensor", path)
+        elif depth == _RECORD_DEPTH and path[:-1] == TENSORS:  # a whole tensor record
             self.found.append(tuple(value.dims))
+        elif path == TENSOR_COUNT and self.shapes is not None and value != len(self.shapes):
+            raise SchemaMismatchError(
+                f"tensor count {value} in the file, {len(self.shapes)} expected",
+                offset=offset,
+                field=field_name(TENSOR_COUNT),
+                actual=value,
+                expected=len(self.shapes),
+            )
 
     def batches(self, path: Path) -> bool:
         # Scans (no destination, payloads skipped) take runs of alike tensors at once.
@@ -80,6 +88,8 @@ class _StateReader(Visitor):
         else:
             self.found.extend(map(tuple, batch.values("dims")))
         self.offsets.extend(batch.payload_offsets("payload").tolist())
+        nbytes = sum(n * dtype.itemsize for _, _, n, dtype in batch.payloads)
+        self.sizes.extend([nbytes] * batch.count)
         return True
 
     def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
@@ -97,9 +107,10 @@ class _StateReader(Visitor):
     ) -> Any:
         if self.skip:
             self.offsets.append(offset)
+            self.sizes.append(count * dtype.itemsize)
             return None
         if self.sink is not None:
-            buffer = self.sink.buffer(path[1], "payload", count, dtype)
+            buffer = self.sink.buffer(path[-2], path[-1], count, dtype)
             if buffer is None:  # the sink skips this tensor: keep the list aligned
                 self.values.append(None)
             return buffer
@@ -107,12 +118,12 @@ class _StateReader(Visitor):
             return np.empty(tuple(ctx.dims), dtype=dtype)
         except ValueError as exc:  # e.g. (2**63, 0): a shape numpy cannot describe
             raise SchemaMismatchError(
-                f"tensor {path[1]}: shape {tuple(ctx.dims)} cannot be held in memory: {exc}",
-                field=f"tensors[{path[1]}]",
+                f"tensor {path[-2]}: shape {tuple(ctx.dims)} cannot be held in memory: {exc}",
+                field=field_name(path[:-1]),
             ) from None
 
     def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
-        value = self.sink.done(path[1], "payload", buffer) if self.sink is not None else buffer
+        value = self.sink.done(path[-2], path[-1], buffer) if self.sink is not None else buffer
         self.values.append(value)
         return None  # kept in self.values; the walker need not hold it
 
@@ -125,6 +136,7 @@ def _read(
     reader = _StateReader(expected, sink, skip)
     with open_source(path) as src:
         spec = read_framing(src, expect=FLOAT32_STATE_MAGIC)
+        reader.version = spec.version
         parse(src, spec.struct, reader)
         check_trailing(src)
     return reader, src.stamp
@@ -206,11 +218,11 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
     with open_source(file, since=layout.stamp) as src, gc_paused():
         for index, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets)):
             count = product(shape)
-            buffer = sink.buffer(index, "payload", count, _F32)
+            buffer = sink.buffer(index, "payload", count, _TENSOR_DTYPE)
             if buffer is None:
                 continue
             src.seek(offset)
-            src.readinto(buffer, ("tensors", index, "payload"))
+            src.readinto(buffer, (*TENSORS, index, "payload"))
             sink.done(index, "payload", buffer)
 
 
@@ -218,6 +230,13 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
 def scan_float32_state(path: PathOrFile) -> list[tuple[int, ...]]:
     """The tensor shapes of a well-formed ``TLSF32B`` file (payloads skipped)."""
     return _read(path, None, None, skip=True)[0].found
+
+
+def scan_float32_sizes(path: PathOrFile) -> tuple[int, list[tuple[int, ...]], list[int]]:
+    """The version, the tensor shapes and each payload's bytes (as the file's spec sizes
+    them) of a well-formed ``TLSF32B`` file, for a description of it."""
+    reader, _ = _read(path, None, None, skip=True)
+    return reader.version, reader.found, reader.sizes
 
 
 @names_the_file()
@@ -230,7 +249,7 @@ def is_float32_state(path: PathOrFile) -> bool:
 
 
 def _check_array(i: int, array: Any) -> None:
-    if not isinstance(array, np.ndarray) or array.dtype != _F32:
+    if not isinstance(array, np.ndarray) or array.dtype != _TENSOR_DTYPE:
         got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
         raise CheckpointError(
             f"tensor {i} must be a little-endian float32 array, got {got}",
@@ -269,8 +288,8 @@ def write_float32_state(
         count = len(arrays)  # type: ignore[arg-type]
         for i, array in enumerate(arrays):  # in memory already: check before the first byte
             _check_array(i, array)
-    spec = registry.lookup(FLOAT32_STATE_MAGIC, 1)
+    spec = registry.lookup(FLOAT32_STATE_MAGIC, WRITTEN_VERSION)
     if spec is None:  # pragma: no cover - registered at import
-        raise UnsupportedFormatError("TLSF32B v1 is not registered")
+        raise UnsupportedFormatError(f"TLSF32B v{WRITTEN_VERSION} is not registered")
     with output(path) as f:
         build_spec(f, spec.struct, {"tensor_count": count, "tensors": _records(arrays)})

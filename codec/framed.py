@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import struct
-
 from ..formats import registry
-from ..formats.framing import MAGIC_SIZE
+from ..formats.framing import MAGIC_SIZE, VERSION_OFFSET
+from ..formats.primitives import U64_SIZE, unpack_u64
 from .errors import TrailingDataError, UnsupportedFormatError, UnsupportedVersionError
 from .source import Source
 
@@ -13,6 +12,7 @@ __all__ = ["read_framing", "check_trailing", "family_name"]
 
 
 def family_name(magic: bytes) -> str:
+    """A magic as messages show it (``TLADAMF``)."""
     return magic.decode("ascii", "replace")
 
 
@@ -49,7 +49,7 @@ def read_framing(src: Source, expect: bytes | None) -> registry.FileSpec:
             actual=head,
             expected=names,
         )
-    (version,) = struct.unpack("<Q", src.read(8, "version"))
+    version = unpack_u64(src.read(U64_SIZE, "version"))
     spec = registry.lookup(head, version)
     if spec is None:
         versions = registry.known_versions(head)
@@ -57,7 +57,7 @@ def read_framing(src: Source, expect: bytes | None) -> registry.FileSpec:
         listed += str(versions[-1]) if versions else "none"
         raise UnsupportedVersionError(
             f"unsupported format version {version} of {family_name(head)}; expected {listed}",
-            offset=start + MAGIC_SIZE,
+            offset=start + VERSION_OFFSET,
             field="version",
             actual=version,
             expected=versions,

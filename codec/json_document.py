@@ -31,7 +31,16 @@ from typing import Any
 
 import orjson
 
-from ..formats.state_bits import ScalarFormat
+from ..formats.state_bits import (
+    DOCUMENT_SKETCH,
+    ENTRY_KEYS,
+    FORMAT_KEY,
+    SHAPE_KEY,
+    STATE_KEY,
+    TOP_KEYS,
+    VALUES_KEY,
+    ScalarFormat,
+)
 from .errors import FileTooLargeError, MalformedError
 from .families import (
     HEAD_BYTES,
@@ -138,7 +147,7 @@ def check_start(src: Source) -> None:
     if _OTHER_VALUE.match(text):
         raise MalformedError(
             f"top level is not a JSON object: the document starts with {text[:16]!r}, "
-            'expected an object {"format": ..., "state": [...]}',
+            f"expected an object {DOCUMENT_SKETCH}",
             field="document",
             actual=text[:16],
             expected="object",
@@ -203,8 +212,8 @@ def _refuse_nul(piece: bytes, at: int, size: int) -> None:
 # --------------------------------------------------------------------------- duplicate keys
 
 #: The members that mean something, by the object that holds them.
-_TOP_KEYS = frozenset({"format", "state"})
-_ENTRY_KEYS = frozenset({"shape", "values"})
+_TOP_KEYS = frozenset(TOP_KEYS)
+_ENTRY_KEYS = frozenset(ENTRY_KEYS)
 
 #: A string literal, with the colon after it when it is a member name; or a bracket.
 _TOKEN = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")(?:[ \t\n\r]*(:))?|[\[\]{}]')
@@ -220,15 +229,15 @@ def keys_counted_once(text: bytes, document: Any) -> bool:
     """
     if type(document) is not dict:
         return True  # no member of a non-object document means anything
-    state = document.get("state")
+    state = document.get(STATE_KEY)
     entries = state if type(state) is list else []
     if not set(map(type, entries)) <= {dict}:
         entries = [e for e in entries if type(e) is dict]
     for key, present in (
-        ("format", "format" in document),
-        ("state", "state" in document),
-        ("shape", sum(map(operator.contains, entries, itertools.repeat("shape")))),
-        ("values", sum(map(operator.contains, entries, itertools.repeat("values")))),
+        (FORMAT_KEY, FORMAT_KEY in document),
+        (STATE_KEY, STATE_KEY in document),
+        (SHAPE_KEY, sum(map(operator.contains, entries, itertools.repeat(SHAPE_KEY)))),
+        (VALUES_KEY, sum(map(operator.contains, entries, itertools.repeat(VALUES_KEY)))),
     ):
         if text.count(b'"%s"' % key.encode()) != present:
             return False
@@ -272,7 +281,7 @@ def duplicate_key_error(data: bytes, document: Any) -> MalformedError | None:
         role = _OTHER
         if parent is None:
             role = _TOP if bracket == b"{" else _OTHER
-        elif parent[0] == _TOP and bracket == b"[" and parent[2] == "state":
+        elif parent[0] == _TOP and bracket == b"[" and parent[2] == STATE_KEY:
             role = _STATE
         elif parent[0] == _STATE and bracket == b"{":
             role = _ENTRY
@@ -293,12 +302,12 @@ def _duplicate(key: str, frame: list[Any], stack: list[list[Any]], document: Any
         )
     # The entry is the k-th object of the state array; its index counts other values too.
     k = stack[-2][3] - 1
-    state = document.get("state") if type(document) is dict else None
+    state = document.get(STATE_KEY) if type(document) is dict else None
     objects = [i for i, e in enumerate(state) if type(e) is dict] if type(state) is list else []
     index = objects[k] if k < len(objects) else k
     return MalformedError(
         f'duplicate key "{key}" in state tensor {index}: {reason}',
-        field=f"state[{index}].{key}",
+        field=f"{STATE_KEY}[{index}].{key}",
         actual=f"{key} twice",
         expected="each key once",
     )

@@ -11,8 +11,11 @@ precise error. Nothing here restates a layout: every format string is read off t
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import enum
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +27,15 @@ from construct import (
     Container,
     FormatField,
     IfThenElse,
-    Renamed,
     SizeofError,
     Struct,
 )
 
-from ..formats.primitives import Payload, Valid
+from ..formats.primitives import Payload, Valid, unwrap
 
 __all__ = [
+    "CheckKind",
+    "Check",
     "Run",
     "U64Array",
     "Records",
@@ -43,18 +47,32 @@ __all__ = [
     "child_context",
     "checks_pass",
     "header_format",
-    "unwrap",
+    "interpreted",
+    "fast_path",
     "min_size",
     "has_payload",
     "fixed_size",
 ]
 
 
-def unwrap(sc: Construct) -> Construct:
-    """Strip ``Renamed`` (names and ``*`` docs) wrappers."""
-    while isinstance(sc, Renamed):
-        sc = sc.subcon
-    return sc
+# Whether runs of fixed fields use the precompiled structs (the default) or construct's
+# interpreted parser and builder field by field. Tests switch it off to show both agree.
+_FAST_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("tlckpt_fast_path", default=True)
+
+
+@contextlib.contextmanager
+def interpreted() -> Iterator[None]:
+    """Within this block, parse and build every field through construct's interpreter."""
+    token = _FAST_PATH.set(False)
+    try:
+        yield
+    finally:
+        _FAST_PATH.reset(token)
+
+
+def fast_path() -> bool:
+    """Whether plans run on their precompiled structs here (not under :func:`interpreted`)."""
+    return _FAST_PATH.get()
 
 
 def fixed_size(sc: Construct) -> int | None:
@@ -91,8 +109,16 @@ def has_payload(sc: Construct) -> bool:
     return False
 
 
-# A check on an unpacked value: ("const", expected) or ("valid", Valid construct).
-Check = tuple[str, Any]
+class CheckKind(enum.Enum):
+    """What a compiled check on an unpacked value compares it with."""
+
+    CONST = "const"  #: the argument is the value a ``Const`` fixes
+    VALID = "valid"  #: the argument is a ``Valid`` construct, whose ``check`` decides
+
+
+#: A check on an unpacked value: ``(CheckKind.CONST, expected)`` or
+#: ``(CheckKind.VALID, Valid construct)``.
+Check = tuple[CheckKind, Any]
 
 
 def _scalar(sc: Construct) -> tuple[str, str, list[Check]] | None:
@@ -102,13 +128,15 @@ def _scalar(sc: Construct) -> tuple[str, str, list[Check]] | None:
         return sc.fmtstr[0], sc.fmtstr[1], []
     if type(sc) is Bytes and isinstance(sc.length, int):
         return "", f"{sc.length}s", []
+    check: Check
     if type(sc) is Const:
-        inner = _scalar(sc.subcon)
-        return None if inner is None else (inner[0], inner[1], [*inner[2], ("const", sc.value)])
-    if type(sc) is Valid:
-        inner = _scalar(sc.subcon)
-        return None if inner is None else (inner[0], inner[1], [*inner[2], ("valid", sc)])
-    return None
+        check = (CheckKind.CONST, sc.value)
+    elif type(sc) is Valid:
+        check = (CheckKind.VALID, sc)
+    else:
+        return None
+    inner = _scalar(sc.subcon)
+    return None if inner is None else (inner[0], inner[1], [*inner[2], check])
 
 
 @dataclass(frozen=True)
@@ -200,11 +228,14 @@ def child_context(st: Struct, parent: Container, parsing: bool) -> Container:
     return ctx
 
 
+_CONST = CheckKind.CONST  # a module global: cheaper to reach than the enum's attribute
+
+
 def checks_pass(checks: tuple[Check, ...], value: Any, ctx: Container) -> bool:
     """Whether ``value`` passes a field's compiled checks (inner first, as construct runs
     them); a check that cannot even run on the value fails."""
     for kind, arg in checks:
-        if kind == "const":
+        if kind is _CONST:
             if value != arg:
                 return False
         else:
@@ -320,7 +351,7 @@ def header_format(steps: tuple, values: dict[str, Any]) -> tuple[str, list[Any]]
             fmt.append(step.codec.format[1:])
             for name, checks in zip(step.names, step.checks):
                 if name is None:
-                    flat.append(next(arg for kind, arg in checks if kind == "const"))
+                    flat.append(next(arg for kind, arg in checks if kind is CheckKind.CONST))
                 else:
                     flat.append(values[name])
         elif isinstance(step, U64Array):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from construct import Container
 
-from ..formats.primitives import product
+from ..formats.adam import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
+from ..formats.primitives import U64_SIZE, product
 from .batches import RecordBatch
 from .errors import SchemaMismatchError
 from .schema import ParameterSchema
@@ -19,6 +21,31 @@ def _fmt(shape: Any) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
+def _first_difference(
+    stored: Sequence[int],
+    wanted: Sequence[int],
+    offset: int,
+    field: str,
+    message: Callable[[int, int, int], str],
+    actual: Any,
+    expected: Any,
+) -> None:
+    """Raise for the first u64 of an array (stored from byte ``offset``) that differs."""
+    for j, (got, want) in enumerate(zip(stored, wanted)):
+        if got != want:
+            raise SchemaMismatchError(
+                message(j, got, want),
+                offset=offset + U64_SIZE * j,
+                field=f"{field}[{j}]",
+                actual=got if actual is None else actual,
+                expected=want if expected is None else expected,
+            )
+
+
+#: The shape fields that count something, and what they count of a shape.
+_COUNTS = {"rank": len, "element_count": product}
+
+
 def check_shape_field(
     name: str, value: Any, shape: tuple[int, ...], offset: int, label: str, path: Path
 ) -> None:
@@ -28,36 +55,31 @@ def check_shape_field(
     is the field's spec path, rendered only when there is an error.
     """
     label = f"{label} {path[-2]}"
-    if name == "rank":
-        if value != len(shape):
-            raise SchemaMismatchError(
-                f"{label}: rank {value} in the file, {len(shape)} expected (shape {_fmt(shape)})",
-                offset=offset,
-                field=field_name(path),
-                actual=value,
-                expected=len(shape),
-            )
-    elif name == "dims":
-        for j, (got, want) in enumerate(zip(value, shape)):
-            if got != want:
-                raise SchemaMismatchError(
-                    f"{label}: dim {j} is {got} in the file, {want} expected"
-                    f" (shape {_fmt(value)} vs {_fmt(shape)})",
-                    offset=offset + 8 * j,
-                    field=f"{field_name(path)}[{j}]",
-                    actual=tuple(value),
-                    expected=shape,
-                )
-    elif name == "element_count":
-        want = product(shape)
+    if name in _COUNTS:
+        want = _COUNTS[name](shape)
         if value != want:
+            what = f"{name.replace('_', ' ')} {value} in the file, {want} expected"
+            shown = f" (shape {_fmt(shape)})" if name == "rank" else ""
             raise SchemaMismatchError(
-                f"{label}: element count {value} in the file, {want} expected",
+                f"{label}: {what}{shown}",
                 offset=offset,
                 field=field_name(path),
                 actual=value,
                 expected=want,
             )
+    elif name == "dims":
+        _first_difference(
+            value,
+            shape,
+            offset,
+            field_name(path),
+            lambda j, got, want: (
+                f"{label}: dim {j} is {got} in the file, {want} expected"
+                f" (shape {_fmt(value)} vs {_fmt(shape)})"
+            ),
+            tuple(value),
+            shape,
+        )
 
 
 def _rep_text(tag: int) -> str:
@@ -82,17 +104,17 @@ class SchemaVisitorMixin:
 
     def check_schema_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         expected = self.expected
-        if path == ("schema", "slot_count"):
+        if path == SLOT_COUNT:
             if expected is not None and value != len(expected):
                 raise SchemaMismatchError(
                     f"slot count {value} in the file, {len(expected)} expected",
                     offset=offset,
-                    field="schema.slot_count",
+                    field=field_name(SLOT_COUNT),
                     actual=value,
                     expected=len(expected),
                 )
-        elif path[:2] == ("schema", "slots") and len(path) == 4:
-            slot, name = path[2], path[3]
+        elif path[:-2] == SLOTS:  # a field of a slot
+            slot, name = path[-2], path[-1]
             if expected is not None:
                 check_shape_field(name, value, expected.shapes[slot], offset, "slot", path)
                 if name == "requires_grad" and bool(value) != expected.requires_grad[slot]:
@@ -104,24 +126,25 @@ class SchemaVisitorMixin:
                         actual=bool(value),
                         expected=expected.requires_grad[slot],
                     )
-        elif path[:2] == ("schema", "slots") and len(path) == 3:
+        elif path[:-1] == SLOTS:  # a whole slot
             self._shapes.append(tuple(value.dims))
             self._grads.append(bool(value.requires_grad))
-        elif path == ("schema",) and not self.layout.representatives:
+        elif path == SCHEMA and not self.layout.representatives:
             self._adopt(None, offset)
-        elif path == ("representatives",):
+        elif path == REPRESENTATIVES:
             if expected is not None:
-                tags = expected.representative_tags()
-                for i, (got, want) in enumerate(zip(value, tags)):
-                    if got != want:
-                        raise SchemaMismatchError(
-                            f"slot {i}: representative is {_rep_text(got)} in the file,"
-                            f" {_rep_text(want)} expected",
-                            offset=offset + 8 * i,
-                            field=f"representatives[{i}]",
-                            actual=got,
-                            expected=want,
-                        )
+                _first_difference(
+                    value,
+                    expected.representative_tags(),
+                    offset,
+                    field_name(REPRESENTATIVES),
+                    lambda i, got, want: (
+                        f"slot {i}: representative is {_rep_text(got)} in the"
+                        f" file, {_rep_text(want)} expected"
+                    ),
+                    None,
+                    None,
+                )
             self._adopt([None if t == 0 else t - 1 for t in value], offset)
 
     def schema_records(self, batch: RecordBatch) -> bool:
@@ -152,7 +175,7 @@ class SchemaVisitorMixin:
                     "the stored parameter schema is not well-formed (frozen slots with"
                     " moments, or representatives that are later, frozen or of another shape)",
                     offset=offset,
-                    field="representatives" if representatives is not None else "schema",
+                    field=field_name(REPRESENTATIVES if representatives is not None else SCHEMA),
                 )
             self.schema = stored
         self.stored_schema = stored

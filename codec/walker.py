@@ -1,7 +1,7 @@
-"""Streaming parse and build of a spec, field by field, through its compiled plan.
+"""Streaming parse of a spec, field by field, through its compiled plan: the readers' half.
 
-A spec is an ordinary construct ``Struct``. :func:`parse` and :func:`build` execute the plan
-:mod:`.plan` derives from it instead of handing the whole file to construct, so that
+A spec is an ordinary construct ``Struct``. :func:`parse` executes the plan :mod:`.plan`
+derives from it instead of handing the whole file to construct, so that
 
 * payloads (:class:`~tlckpt.formats.primitives.Payload`) stream between the file and caller
   buffers with ``readinto`` / ``write(memoryview)`` and never pass through construct;
@@ -17,29 +17,27 @@ A spec is an ordinary construct ``Struct``. :func:`parse` and :func:`build` exec
   that lay out alike, checked at once from an in-memory chunk (:mod:`.batches`); every other
   record, and every record of a batch the visitor declines, is walked as above.
 
-Under :func:`interpreted` neither precompiled structs nor batches are used.
+Under :func:`interpreted` neither precompiled structs nor batches are used. The writers' half,
+:func:`build`, is :mod:`.builder` (re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import io
 import struct
-from collections.abc import Iterator
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from construct import ConstructError, Container, Struct
 from construct.core import evaluate
 
 from .batches import ChunkWindow, RecordBatch, batchable, scan_batch
+from .builder import build
 from .errors import CheckpointError, MalformedError, from_construct
 from .gcpause import gc_paused
 from .paths import Path, field_name
 from .plan import (
     Branch,
-    Leaf,
     Nested,
     PayloadStep,
     Records,
@@ -48,8 +46,10 @@ from .plan import (
     checks_pass,
     child_context,
     compile_struct,
+    fast_path,
     fixed_size,
     header_format,
+    interpreted,
 )
 from .source import Source
 
@@ -59,20 +59,6 @@ __all__ = ["Path", "Visitor", "VisitorProtocol", "parse", "build", "field_name",
 MIN_BATCH = 16
 #: Most records walked one at a time between two attempts at a batch.
 MAX_PAUSE = 1024
-
-# Whether runs of fixed fields use the precompiled struct path (the default) or construct's
-# interpreted parser field by field. Tests switch it off to show that both agree.
-_FAST_PATH: contextvars.ContextVar[bool] = contextvars.ContextVar("tlckpt_fast_path", default=True)
-
-
-@contextlib.contextmanager
-def interpreted() -> Iterator[None]:
-    """Within this block, parse and build every field through construct's interpreter."""
-    token = _FAST_PATH.set(False)
-    try:
-        yield
-    finally:
-        _FAST_PATH.reset(token)
 
 
 @runtime_checkable
@@ -167,21 +153,12 @@ def _count(value: Any, path: Path, offset: int) -> int:
     return value
 
 
-def _builds_from_none(step: Any) -> bool:
-    """Whether a field may be left out by the caller (``Default``, ``Const``, ``Computed``)."""
-    if isinstance(step, Leaf):
-        return bool(step.subcon.flagbuildnone)
-    if isinstance(step, Nested):
-        return bool(step.struct.flagbuildnone)
-    return False
-
-
 class _Parser:
     def __init__(self, source: Source, visitor: Visitor):
         self.src = source
         self.visitor = visitor
         self.on_field = visitor.on_field
-        self.fast = _FAST_PATH.get()
+        self.fast = fast_path()
         # Packed headers by template object: visitors hand out one dict per distinct header.
         self.headers: dict[int, tuple[dict, bytes | None]] = {}
 
@@ -402,212 +379,3 @@ def parse(
     root = Container(_parsing=True, _building=False, _sizing=False, _params=Container(params or {}))
     with gc_paused():
         return _Parser(source, visitor or Visitor()).struct(spec, compile_struct(spec), root, ())
-
-
-class _Builder:
-    def __init__(self, stream: BinaryIO):
-        self.stream = stream
-        self.out = stream
-        self.pos = 0
-        self.fast = _FAST_PATH.get()
-        # Record headers already built and checked, by their field values: a model's many
-        # tensors share few shapes, so most headers are one dict lookup.
-        self.headers: dict[tuple, bytes] = {}
-
-    def write(self, data: Any) -> None:
-        self.out.write(data)
-        self.pos += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
-
-    def struct(
-        self, st: Struct, steps: tuple, obj: Any, parent: Container, path: Path, start: int = 0
-    ) -> None:
-        obj = Container() if obj is None else obj
-        ctx = child_context(st, parent, parsing=False)
-        ctx.update(obj)
-        for step in steps[start:] if start else steps:
-            if type(step) is Run:
-                self.run(step, obj, ctx, path)
-                continue
-            name = step.name
-            sub = (*path, name) if name else path
-            if name in obj:
-                value = obj[name]
-            elif _builds_from_none(step):
-                value = None
-            else:
-                what = field_name(sub)
-                raise CheckpointError(f"no value given for {what}", field=what)
-            built = self.value(step, value, ctx, sub)
-            if name:
-                ctx[name] = built
-
-    def run(self, step: Run, obj: Any, ctx: Container, path: Path) -> None:
-        if not self.fast:
-            scratch = io.BytesIO()
-            self.interpret(step, obj, ctx, path, scratch)
-            self.write(scratch.getvalue())
-            return
-        values = []
-        for k, name in enumerate(step.names):
-            value = obj.get(name) if name else None
-            for kind, arg in step.checks[k]:
-                if kind == "const" and value is None:
-                    value = arg
-            if value is None or not checks_pass(step.checks[k], value, ctx):
-                self.diagnose(step, obj, ctx, path)
-            if name:
-                ctx[name] = value
-            values.append(value)
-        try:
-            data = step.codec.pack(*values)
-        except (struct.error, TypeError, OverflowError):
-            self.diagnose(step, obj, ctx, path)
-        self.write(data)
-
-    def diagnose(self, step: Run, obj: Any, ctx: Container, path: Path) -> None:
-        """Build the failed run with construct into a scratch buffer: raises the exact error."""
-        self.interpret(step, obj, ctx, path, io.BytesIO())
-        raise CheckpointError(  # pragma: no cover - the two builders disagree: a bug here
-            f"internal error: fast and interpreted builders disagree at {field_name(path)}"
-        )
-
-    def interpret(self, step: Run, obj: Any, ctx: Container, path: Path, out: BinaryIO) -> None:
-        """Build a run's fields one by one with construct itself, into ``out``."""
-        for name, sc in zip(step.names, step.subcons):
-            sub = (*path, name) if name else path
-            value = obj.get(name) if name else None
-            if value is None and not sc.flagbuildnone:
-                what = field_name(sub)
-                raise CheckpointError(f"no value given for {what}", field=what)
-            built = self.leaf(sc, value, ctx, sub, out)
-            if name:
-                ctx[name] = built
-
-    def value(self, step: Any, obj: Any, ctx: Container, path: Path) -> Any:
-        t = type(step)
-        if t is Nested:
-            self.struct(step.struct, step.steps, obj, ctx, path)
-            return obj
-        if t is U64Array:
-            count = evaluate(step.count, ctx)
-            values = list(obj)
-            if len(values) != count:
-                raise CheckpointError(
-                    f"{field_name(path)} has {len(values)} values, header says {count}",
-                    field=field_name(path),
-                )
-            try:
-                self.write(struct.pack(f"{step.order}{count}{step.code}", *values))
-            except (struct.error, TypeError, OverflowError) as exc:
-                raise CheckpointError(
-                    f"cannot write {field_name(path)}: {exc}", field=field_name(path)
-                ) from None
-            return values
-        if t is Records:
-            count = evaluate(step.count, ctx)
-            cached = self.fast and step.prefix and step.streamed
-            n = 0
-            for n, item in enumerate(obj, 1):
-                if n > count:
-                    break
-                ctx._index = n - 1
-                if cached:
-                    self.record(step, item, ctx, (*path, n - 1))
-                else:
-                    self.value(step.item, item, ctx, (*path, n - 1))
-            if n != count:
-                raise CheckpointError(
-                    f"{field_name(path)}: {count} records announced, {n} given",
-                    field=field_name(path),
-                )
-            return count
-        if t is PayloadStep:
-            return self.payload(step, obj, ctx, path)
-        if t is Branch:
-            chosen = step.then if evaluate(step.cond, ctx) else step.otherwise
-            return self.value(chosen, obj, ctx, path)
-        buf = io.BytesIO()
-        built = self.leaf(step.subcon, obj, ctx, path, buf)
-        self.write(buf.getvalue())
-        return built
-
-    def record(self, step: Records, item: Any, parent: Container, path: Path) -> None:
-        """Write one record whose header bytes may already be known from an earlier one."""
-        try:
-            key = tuple([tuple(item[n]) if array else item[n] for n, array in step.header])
-            header = self.headers.get(key)
-        except (KeyError, TypeError):  # missing or unhashable values: the slow path says why
-            key, header = None, None
-        nested = step.item
-        if header is None:
-            scratch, pos = io.BytesIO(), self.pos
-            self.out = scratch
-            try:
-                self.struct(nested.struct, nested.steps[: step.prefix], item, parent, path)
-            finally:
-                self.out = self.stream
-                self.pos = pos
-            header = scratch.getvalue()
-            if key is not None:
-                self.headers[key] = header
-        self.out.write(header)
-        self.pos += len(header)
-        if step.simple_tail and type(item) is dict:
-            # The payloads need nothing but the record's own fields: no context to build.
-            try:
-                tails = [
-                    (tail.name, *tail.payload.resolve(item), item[tail.name])
-                    for tail in nested.steps[step.prefix :]
-                ]
-            except KeyError:  # not all there: the general path below says which
-                tails = None
-            if tails is not None:
-                for name, count, dtype, array in tails:
-                    self.payload_array(array, count, dtype, (*path, name))
-                return
-        self.struct(nested.struct, nested.steps, item, parent, path, start=step.prefix)
-
-    def payload(self, step: PayloadStep, array: Any, ctx: Container, path: Path) -> Any:
-        count, dtype = step.payload.resolve(ctx)
-        return self.payload_array(array, count, dtype, path)
-
-    def payload_array(self, array: Any, count: int, dtype: np.dtype, path: Path) -> Any:
-        """Write one payload from the caller's memory (a copy only if it is strided)."""
-        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
-            got = (
-                f"{array.dtype} array of {array.size} elements"
-                if isinstance(array, np.ndarray)
-                else type(array).__name__
-            )
-            what = field_name(path)
-            raise CheckpointError(
-                f"{what} must be a {dtype} array of {count} elements, got {got}", field=what
-            )
-        if array.size:
-            if not array.flags.c_contiguous:
-                array = np.ascontiguousarray(array)
-            self.write(array.data)  # the array's own memory, any shape
-        return array
-
-    def leaf(self, sc: Any, obj: Any, ctx: Container, path: Path, buf: BinaryIO) -> Any:
-        what = field_name(path)
-        try:
-            return sc._build(obj, buf, ctx, what)
-        except ConstructError as exc:
-            raise from_construct(exc, offset=self.pos, field=what, writing=True) from None
-        except (TypeError, ValueError, OverflowError, struct.error) as exc:
-            raise CheckpointError(f"cannot write {what}: {exc}", field=what) from None
-
-
-def build(stream: BinaryIO, spec: Struct, values: Any, params: dict | None = None) -> int:
-    """Write ``values`` laid out by ``spec`` to ``stream``; returns the bytes written.
-
-    ``values`` is a mapping of field name to value; arrays of records may be any iterable
-    (generators included: one record is produced, written and dropped at a time); payloads are
-    numpy arrays of exactly the spec's dtype and element count, written from their memory.
-    """
-    root = Container(_parsing=False, _building=True, _sizing=False, _params=Container(params or {}))
-    builder = _Builder(stream)
-    with gc_paused():
-        builder.struct(spec, compile_struct(spec), values, root, ())
-    return builder.pos

@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..codec import AdamConfig, AdamEntry, AdamKind, MomentDtype, ParameterSchema
+from ..formats.primitives import bits_float, float_bits
 
 __all__ = [
     "VECTORS_DIR",
@@ -53,13 +53,12 @@ KINDS = {"adam": AdamKind.ADAM, "adamw": AdamKind.ADAMW}
 
 def bits_to_float(bits: str | int) -> float:
     """``"0x3feccccccccccccd"`` (or the int) → the binary64 float with exactly those bits."""
-    word = int(bits, 16) if isinstance(bits, str) else int(bits)
-    return struct.unpack("<d", struct.pack("<Q", word))[0]
+    return bits_float(int(bits, 16) if isinstance(bits, str) else int(bits))
 
 
 def float_to_bits(x: float) -> int:
     """The binary64 bit pattern of ``x`` (``-0.0`` and NaN payloads included)."""
-    return struct.unpack("<Q", struct.pack("<d", x))[0]
+    return float_bits(x)
 
 
 def hex_payload(array: np.ndarray) -> str:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tlckpt.codec import state_bits as state_bits_module
+from tlckpt.codec import state_bits_writer as state_bits_module
 from tlckpt.codec.errors import (
     CheckpointError,
     FileTooLargeError,

@@ -9,32 +9,9 @@ from typing import Any
 
 import torch
 
-from tlckpt.codec.errors import (
-    CheckpointError,
-    ConfigError,
-    EntryError,
-    MalformedError,
-    SchemaMismatchError,
-    TrailingDataError,
-    TruncatedError,
-    UnsupportedFormatError,
-    UnsupportedVersionError,
-)
-
-#: manifest.json error category → the exception class the library must raise.
-ERROR_OF_CATEGORY: dict[str, type[CheckpointError]] = {
-    "family": UnsupportedFormatError,
-    "version": UnsupportedVersionError,
-    "truncated": TruncatedError,
-    "trailing": TrailingDataError,
-    "schema": SchemaMismatchError,
-    "config": ConfigError,
-    "dtype": ConfigError,
-    "counter": ConfigError,
-    "entry": EntryError,
-    "json": MalformedError,
-    "value": MalformedError,
-}
+# manifest.json error category → the exception class the library must raise (the codec's table)
+from tlckpt.codec.errors import ERROR_OF_CATEGORY as ERROR_OF_CATEGORY
+from tlckpt.codec.errors import CheckpointError
 
 VOCAB, WIDTH, BATCH = 7, 4, 6
 

@@ -1,0 +1,108 @@
+"""The ``TLADAMF`` family in the registry: description, destinations, checks.
+
+The reader and writer are :mod:`.adam` and :mod:`.adam_writer`; this module tells the
+family registry (:mod:`.families`) how ``inspect``, ``tlckpt validate`` and the fuzzing
+harness use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..formats.framing import ADAM_MAGIC
+from .adam import AdamCheckpoint, read_adam, scan_adam, scan_adam_sizes
+from .destinations import AdamTarget, parse_adam_target
+from .families import FamilyHandler, register_family
+from .inspection import ElementCounts, file_size, float_entry
+from .source import PathOrFile
+
+__all__ = ["ADAM_FAMILY"]
+
+
+class _SkipPayloads:
+    """A payload sink that skips every moment (their bits cannot be wrong, only their size)."""
+
+    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> None:
+        return None
+
+    def done(self, record: int, field: str, buffer: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _AdamFamily(FamilyHandler):
+    def describe(self, file: PathOrFile, max_json_bytes: int = 0) -> dict[str, Any]:
+        """``inspect``'s description of a ``TLADAMF`` file (``max_json_bytes``: unused)."""
+        ckpt, payload_bytes = scan_adam_sizes(file)
+        schema = ckpt.schema
+        elements = ElementCounts()
+        slots = [
+            {
+                "slot": i,
+                "shape": list(shape),
+                "elements": elements[shape],
+                "trainable": schema.requires_grad[i],
+                "representative": schema.representative(i),
+            }
+            for i, shape in enumerate(schema.shapes)
+        ]
+        entries = [
+            {
+                "id": i,
+                "step": e.step,
+                "elements": elements[schema.shapes[i]],
+                "bytes": payload_bytes[i],
+            }
+            for i, e in sorted(ckpt.entries.items())
+        ]
+        cfg = ckpt.config
+        return {
+            **self.header(ckpt.version),
+            "kind": cfg.kind.name.lower(),
+            "moment_dtype": cfg.dtype.value,
+            "config": {
+                "beta1": float_entry(cfg.beta1),
+                "beta2": float_entry(cfg.beta2),
+                "epsilon": float_entry(cfg.epsilon),
+                "weight_decay": float_entry(cfg.weight_decay),
+            },
+            "random_counter": ckpt.random_counter,
+            "has_aliases": schema.has_aliases,
+            "slots": slots,
+            "entries": entries,
+            **({"fields": ckpt.fields} if ckpt.fields else {}),
+            "bytes": file_size(file),
+        }
+
+    def destination(self, file: PathOrFile, max_json_bytes: int) -> AdamTarget:
+        """The optimizer that wrote the file: its schema, moment dtype and config."""
+        ckpt = scan_adam(file)
+        return AdamTarget(ckpt.schema, ckpt.config.dtype, ckpt.config)
+
+    def parse_destination(self, description: Mapping[str, Any], source: str) -> AdamTarget:
+        return parse_adam_target(description)
+
+    def read(self, file: PathOrFile, target: AdamTarget, payloads: bool, _: int) -> AdamCheckpoint:
+        return read_adam(
+            file,
+            target.schema,
+            dtype=target.dtype,
+            expected_config=target.config,
+            sink=None if payloads else _SkipPayloads(),
+        )
+
+
+ADAM_FAMILY = register_family(
+    _AdamFamily(
+        name="adam",
+        label=ADAM_MAGIC.decode("ascii"),
+        contents="Adam/AdamW optimizer state",
+        title="Adam/AdamW optimizer state",
+        magic=ADAM_MAGIC,
+        marker="schema",
+    )
+)

@@ -1,0 +1,182 @@
+"""Writing Adam / AdamW checkpoints (``TLADAMF``): caller input checked, version selected.
+
+Everything the caller gives is checked before the first byte is written (entries given as a
+lazy mapping are checked one by one as they are produced); the version is FORMAT.md's
+selection rule, read off each registered spec's layout (:func:`~tlckpt.formats.adam.layout_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..formats import registry
+from ..formats.adam import AdamLayout, CounterPresence, layout_of
+from ..formats.framing import ADAM_MAGIC
+from ..formats.primitives import U64_MAX
+from .atomic import output
+from .builder import build as build_spec
+from .config import AdamConfig
+from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
+from .schema import ParameterSchema
+from .schema_check import schema_values
+from .source import PathOrFile
+
+if TYPE_CHECKING:
+    from .adam import AdamEntry
+
+__all__ = ["select_version", "write_adam"]
+
+
+def select_version(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> int:
+    """The version FORMAT.md's selection rule picks: the lowest registered one that fits.
+
+    (float64 → 5; a counter → 4; aliases → 3; else 2.)
+    """
+    for version in registry.known_versions(ADAM_MAGIC):
+        spec = registry.lookup(ADAM_MAGIC, version)
+        if spec is not None and _fits(layout_of(spec.struct), schema, config, random_counter):
+            return version
+    raise CheckpointError("no registered Adam version can hold this state")
+
+
+def _fits(
+    layout: AdamLayout, schema: ParameterSchema, config: AdamConfig, counter: int | None
+) -> bool:
+    if config.dtype.numpy.str not in layout.moment_dtypes:
+        return False
+    if counter is None and layout.counter is CounterPresence.ALWAYS:
+        return False
+    if counter is not None and layout.counter is CounterPresence.NEVER:
+        return False
+    return layout.representatives or not schema.has_aliases
+
+
+def _check_entry(slot: int, entry: Any, schema: ParameterSchema, dtype: np.dtype) -> None:
+    step = getattr(entry, "step", None)
+    integral = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
+    if not integral or not 1 <= step <= U64_MAX:
+        raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
+    count = schema.element_count(slot)
+    for name in ("m", "v"):
+        array = getattr(entry, name, None)
+        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
+            got = (
+                f"{array.dtype} with {array.size} elements"
+                if isinstance(array, np.ndarray)
+                else type(array).__name__
+            )
+            raise EntryError(
+                f"entry for slot {slot}: {name} must be {dtype} with {count} elements, got {got}",
+                field=f"entries[{slot}].{name}",
+            )
+
+
+def _entry_records(
+    entries: Mapping[int, Any], schema: ParameterSchema, dtype: np.dtype, checked: bool
+):
+    for slot in schema.representative_slots:
+        entry = entries[slot]
+        if not checked:
+            _check_entry(slot, entry, schema, dtype)
+        yield {
+            "id": slot,
+            "step": int(entry.step),
+            "count": schema.element_count(slot),
+            "m": entry.m.reshape(-1),
+            "v": entry.v.reshape(-1),
+        }
+
+
+@names_the_file()
+def write_adam(
+    path: PathOrFile,
+    schema: ParameterSchema,
+    config: AdamConfig,
+    entries: Mapping[int, AdamEntry],
+    random_counter: int | None = None,
+    *,
+    version: int | None = None,
+) -> int:
+    """Write an Adam/AdamW checkpoint atomically; returns the version written.
+
+    Args:
+        path: destination path (written atomically), or a binary file object.
+        schema: the parameters' schema; must be well-formed.
+        config: the bound configuration; validated.
+        entries: one :class:`AdamEntry` per representative slot and no others. Accessed one at
+            a time in increasing slot order, so a lazy mapping can produce each host array
+            on demand.
+        random_counter: a u64 to store (selects version 4, or 5 for float64), or ``None``.
+        version: force a registered version instead of FORMAT.md's selection.
+
+    Returns:
+        The version written.
+
+    Raises:
+        CheckpointError: invalid schema/config/entries/counter; nothing is left at ``path``
+            beyond the previous file.
+        OSError: from the file system.
+    """
+    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
+        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
+    if not isinstance(config, AdamConfig):
+        raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
+    config.validate()
+    if random_counter is not None and (
+        isinstance(random_counter, bool)
+        or not isinstance(random_counter, (int, np.integer))
+        or not 0 <= random_counter <= U64_MAX
+    ):
+        raise ConfigError(
+            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
+            field="random_counter",
+            actual=random_counter,
+        )
+    want = set(schema.representative_slots)
+    have = set(entries.keys())
+    if have != want:
+        missing, extra = sorted(want - have), sorted(have - want)
+        raise EntryError(
+            f"entries must cover exactly the representative slots {sorted(want)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; not representative {extra}" if extra else ""),
+            actual=sorted(have),
+            expected=sorted(want),
+        )
+    dtype = config.dtype.numpy
+    # A plain dict is already in memory: check all of it before the first byte is written.
+    eager = isinstance(entries, dict)
+    if eager:
+        for slot in schema.representative_slots:
+            _check_entry(slot, entries[slot], schema, dtype)
+
+    chosen = select_version(schema, config, random_counter) if version is None else version
+    spec = registry.lookup(ADAM_MAGIC, chosen)
+    if spec is None:
+        raise CheckpointError(
+            f"unknown Adam version {chosen}; registered: {registry.known_versions(ADAM_MAGIC)}"
+        )
+    if not _fits(layout_of(spec.struct), schema, config, random_counter):
+        raise CheckpointError(f"version {chosen} cannot hold this state")
+
+    values = {
+        "dtype_tag": config.dtype.tag,
+        "kind": int(config.kind),
+        "config": {
+            "beta1": config.beta1,
+            "beta2": config.beta2,
+            "epsilon": config.epsilon,
+            "weight_decay": config.weight_decay,
+        },
+        "counter_flag": 0 if random_counter is None else 1,
+        "random_counter": None if random_counter is None else int(random_counter),
+        **schema_values(schema),
+        "entry_count": schema.optimizer_state_count,
+        "entries": _entry_records(entries, schema, dtype, checked=eager),
+    }
+    with output(path) as f:
+        build_spec(f, spec.struct, values)
+    return chosen
