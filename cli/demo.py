@@ -24,20 +24,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..codec import (
-    AdamConfig,
-    AdamEntry,
-    AdamKind,
-    MomentDtype,
-    ParameterSchema,
-    inspect,
-    read_adam,
-    read_float32_state,
-    read_state_bits,
-    write_adam,
-    write_float32_state,
-    write_state_bits,
-)
+from .. import codec
+from ..codec import AdamConfig, AdamEntry, AdamKind, MomentDtype, ParameterSchema, inspect
 from .describe import describe, summarize, table
 
 __all__ = ["training_demo", "codec_demo", "SEED", "STEPS_BEFORE", "STEPS_AFTER"]
@@ -160,15 +148,7 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
     """
     import torch
 
-    from ..runtime import (
-        load_module_state,
-        load_optimizer,
-        load_state_bits,
-        save_module_state,
-        save_optimizer,
-        save_state_bits,
-        schema_of,
-    )
+    from .. import runtime  # torch: imported by the training demo only
 
     def say(text: str = "") -> None:
         print(text, file=out)
@@ -186,7 +166,7 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
         say("that the resumed run is bit-identical to the uninterrupted one.")
         say()
         model, optimizer = _build(INIT_SEED)
-        schema = schema_of(model)
+        schema = runtime.schema_of(model)
         say("model      embedding tied to the output projection, a frozen layer, BatchNorm")
         say(
             f"           {len(model.state_dict())} state tensors, {len(schema)} parameter slots"
@@ -201,9 +181,11 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
 
         # The uninterrupted run: train, checkpoint (which must not disturb it), train on.
         counter, _ = _train(model, optimizer, 0, STEPS_BEFORE)
-        save_module_state(model, files["model"])
-        save_state_bits(model, files["bits"])
-        version = save_optimizer(optimizer, model, files["optimizer"], random_counter=counter)
+        runtime.save_module_state(model, files["model"])
+        runtime.save_state_bits(model, files["bits"])
+        version = runtime.save_optimizer(
+            optimizer, model, files["optimizer"], random_counter=counter
+        )
         checkpointed = {k: v.detach().clone() for k, v in model.state_dict().items()}
         say(f"trained {STEPS_BEFORE} steps; checkpoint written at random counter {counter}:")
         say(f"  {files['model'].name:<18} model state, TLSF32B")
@@ -222,15 +204,15 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
         # matches later came from the files.
         runs = []
         for name, loader, path, init in (
-            ("TLSF32B", load_module_state, files["model"], INIT_SEED + 1),
-            ("JSON", load_state_bits, files["bits"], INIT_SEED + 2),
+            ("TLSF32B", runtime.load_module_state, files["model"], INIT_SEED + 1),
+            ("JSON", runtime.load_state_bits, files["bits"], INIT_SEED + 2),
         ):
             fresh, fresh_optimizer = _build(init)
             differed = not all(
                 torch.equal(t, checkpointed[k]) for k, t in fresh.state_dict().items()
             )
             loader(fresh, path)
-            restored = load_optimizer(
+            restored = runtime.load_optimizer(
                 fresh_optimizer, fresh, files["optimizer"], restore_random_counter=True
             )
             final, losses = _train(fresh, fresh_optimizer, restored, STEPS_AFTER)
@@ -239,8 +221,10 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
         # A control: the same resume with the random stream restarted at 0 instead of the
         # restored counter must diverge, or the comparison above would prove nothing.
         control, control_optimizer = _build(INIT_SEED + 3)
-        load_module_state(control, files["model"])
-        load_optimizer(control_optimizer, control, files["optimizer"], restore_random_counter=True)
+        runtime.load_module_state(control, files["model"])
+        runtime.load_optimizer(
+            control_optimizer, control, files["optimizer"], restore_random_counter=True
+        )
         _, control_losses = _train(control, control_optimizer, 0, STEPS_AFTER)
         control_diverged = not all(torch.equal(a, b) for a, b in zip(losses_after, control_losses))
 
@@ -341,8 +325,8 @@ def codec_demo(out: TextIO, folder: str | os.PathLike | None = None) -> None:
                 )
                 for i in s.representative_slots
             }
-            version = write_adam(root / name, s, config, entries, counter)
-            back = read_adam(root / name, s, dtype=dtype, expected_config=config)
+            version = codec.write_adam(root / name, s, config, entries, counter)
+            back = codec.read_adam(root / name, s, dtype=dtype, expected_config=config)
             same = all(
                 back.entries[i].m.tobytes() == e.m.tobytes()
                 and back.entries[i].v.tobytes() == e.v.tobytes()
@@ -353,8 +337,8 @@ def codec_demo(out: TextIO, folder: str | os.PathLike | None = None) -> None:
 
         arrays = [rng.standard_normal(shape).astype(np.float32) for shape in [(3, 4), (8,), ()]]
         arrays[1][0] = np.float32("nan")
-        write_float32_state(root / "model.tlsf32", arrays)
-        back = read_float32_state(root / "model.tlsf32", [a.shape for a in arrays])
+        codec.write_float32_state(root / "model.tlsf32", arrays)
+        back = codec.read_float32_state(root / "model.tlsf32", [a.shape for a in arrays])
         same = all(a.tobytes() == b.tobytes() for a, b in zip(arrays, back))
         print(f"model.tlsf32: read back bit-exact: {same}", file=out)
         print(f"  inspect: {summarize(inspect(root / 'model.tlsf32'))}", file=out)
@@ -369,8 +353,8 @@ def codec_demo(out: TextIO, folder: str | os.PathLike | None = None) -> None:
         ]:
             data = [np.frombuffer(rng.bytes(6 * np.dtype(dtype).itemsize), dtype).reshape(2, 3)]
             path = root / f"state_{encoding}.json"
-            write_state_bits(path, data, encoding, pretty=False)
-            back = read_state_bits(path, [(2, 3)], encoding)
+            codec.write_state_bits(path, data, encoding, pretty=False)
+            back = codec.read_state_bits(path, [(2, 3)], encoding)
             same = back[0].tobytes() == data[0].tobytes()
             print(f"{path.name}: read back bit-exact: {same}", file=out)
             print(f"  inspect: {summarize(inspect(path))}", file=out)

@@ -1,8 +1,10 @@
 """Human-readable text for :func:`tlckpt.inspect` results (``tlckpt inspect``, the demo).
 
 One function, :func:`describe`, turns the dict ``inspect`` returns into an aligned report:
-family and version, the Adam config as decimal and exact binary64 bits, the parameter
-schema and moment entries as tables, or the tensors of a model-state file.
+family and version, the optimizer config as decimal and exact binary64 bits, the parameter
+schema and moment entries as tables, or the tensors of a model-state file. The family's
+title comes from its handler in the family registry; each section is printed when the
+description holds what it shows, whatever the family.
 """
 
 from __future__ import annotations
@@ -11,13 +13,18 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..codec.families import family_named
+
 __all__ = ["describe", "summarize", "format_shape", "table"]
 
-_FAMILY_TITLES = {
-    "adam": "Adam/AdamW optimizer state",
-    "float32_state": "streamed float32 model state",
-    "state_bits": "exact-bits JSON model state",
-}
+#: How reports spell the update rules ``inspect`` names in lowercase.
+_KIND_NAMES = {"adam": "Adam", "adamw": "AdamW"}
+
+
+def _handler_text(family: str) -> tuple[str, str]:
+    """The family's label and title, as its handler gives them (its name if none does)."""
+    handler = family_named(family)
+    return (family, family) if handler is None else (handler.label, handler.title)
 
 
 def format_shape(shape: Sequence[int]) -> str:
@@ -47,9 +54,9 @@ def _size(nbytes: int | None) -> str:
     return "unknown" if nbytes is None else f"{nbytes:,} bytes"
 
 
-def _adam(info: dict[str, Any]) -> list[str]:
+def _optimizer(info: dict[str, Any]) -> list[str]:
     out = [
-        f"kind            {'AdamW' if info['kind'] == 'adamw' else 'Adam'}",
+        f"kind            {_KIND_NAMES.get(info['kind'], info['kind'])}",
         f"moment dtype    {info['moment_dtype']}",
         "config",
     ]
@@ -128,37 +135,40 @@ def describe(info: dict[str, Any], path: str | os.PathLike | None = None) -> str
         family          TLSF32B (streamed float32 model state), version 1
         ...
     """
-    family = info["family"]
     lines = [] if path is None else [f"file            {os.fspath(path)}"]
-    title = _FAMILY_TITLES.get(family, family)
-    if family == "state_bits":
+    title = _handler_text(info["family"])[1]
+    if "magic" in info:
+        lines.append(f"family          {info['magic']} ({title}), version {info['version']}")
+    else:
         lines.append(f"family          {title}")
         encoding = info.get("encoding") or "configured binary format"
         lines.append(f"format          {info['format']} ({encoding})")
-    else:
-        lines.append(f"family          {info['magic']} ({title}), version {info['version']}")
     lines.append(f"size            {_size(info.get('bytes'))}")
-    if family == "adam":
-        lines += _adam(info)
-    else:
-        lines += _tensors(info, with_bytes=family == "float32_state")
+    if "slots" in info:
+        lines += _optimizer(info)
+    if "tensors" in info:
+        tensors = info["tensors"]
+        lines += _tensors(info, with_bytes=bool(tensors) and "bytes" in tensors[0])
     return "\n".join(lines)
 
 
 def summarize(info: dict[str, Any]) -> str:
     """One line: family, version and counts (``TLADAMF v4, 8 slot(s), 5 moment entries``)."""
-    size = "" if info.get("bytes") is None else f", {info['bytes']:,} bytes"
-    if info["family"] == "adam":
+    label = _handler_text(info["family"])[0]
+    if "version" in info:
+        head = f"{label} v{info['version']}"
+    else:
+        head = f"{label} {info.get('encoding') or info['format']}"
+    if "kind" in info:
+        head += f" {info['kind']} {info['moment_dtype']}"
+    parts = []
+    if "slots" in info:
         n = len(info["entries"])
-        counter = info["random_counter"]
-        return (
-            f"TLADAMF v{info['version']} {info['kind']} {info['moment_dtype']},"
-            f" {len(info['slots'])} slot(s), {n} moment entr{'y' if n == 1 else 'ies'}"
-            + ("" if counter is None else f", random counter {counter}")
-            + size
-        )
-    tensors = len(info["tensors"])
-    if info["family"] == "float32_state":
-        return f"TLSF32B v{info['version']}, {tensors} tensor(s){size}"
-    encoding = info.get("encoding") or info["format"]
-    return f"exact-bits JSON {encoding}, {tensors} tensor(s){size}"
+        parts += [f"{len(info['slots'])} slot(s)", f"{n} moment entr{'y' if n == 1 else 'ies'}"]
+        if info["random_counter"] is not None:
+            parts.append(f"random counter {info['random_counter']}")
+    if "tensors" in info:
+        parts.append(f"{len(info['tensors'])} tensor(s)")
+    if info.get("bytes") is not None:
+        parts.append(f"{info['bytes']:,} bytes")
+    return ", ".join([head, *parts])

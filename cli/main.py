@@ -21,13 +21,14 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect
 from ..formats.state_bits import ENCODINGS, encoding_by_name
 from ..optional import MissingDependencyError, require
 from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
 from .describe import describe, summarize
+from .file_formats import POSITIONAL_FAMILIES
 from .validation import load_destination, validate
 
 __all__ = ["main", "build_parser"]
@@ -105,8 +106,11 @@ def _format_for(path: str, explicit: str | None, role: str) -> str:
 def _cmd_convert(args: argparse.Namespace) -> int:
     src_format = _format_for(args.src, None, "source")
     dst_format = _format_for(args.dst, args.to, "destination")
-    if args.dtype is not None and dst_format != "json":
-        raise _UsageError("--dtype applies to a JSON destination only")
+    # --dtype picks the scalar type of a family whose files each name their own.
+    typed = [f.label for f in POSITIONAL_FAMILIES.values() if f.holds is None]
+    family = POSITIONAL_FAMILIES.get(dst_format)
+    if args.dtype is not None and (family is None or family.holds is not None):
+        raise _UsageError(f"--dtype applies to {' or '.join(typed)} destinations only")
     if args.dtype is not None and encoding_by_name(args.dtype) is None:
         raise _UsageError(
             f"unknown --dtype {args.dtype!r}; expected one of {', '.join(ENCODINGS)}"
@@ -163,6 +167,22 @@ def _max_json_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str,
+    positionals: Sequence[tuple[str, str]] = (),
+) -> argparse.ArgumentParser:
+    """A subcommand running ``func``, with its positional arguments (name, help)."""
+    p = sub.add_parser(name, help=summary, description=description)
+    for argument, text in positionals:
+        p.add_argument(argument, help=text)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tlckpt`` (exposed for documentation and tests)."""
     parser = argparse.ArgumentParser(
@@ -173,24 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "inspect",
-        help="describe any checkpoint file",
-        description="Describe a TLADAMF, TLSF32B or exact-bits JSON file without being told"
-        " what to expect; the whole file is checked on the way.",
+        _cmd_inspect,
+        "describe any checkpoint file",
+        "Describe a TLADAMF, TLSF32B or exact-bits JSON file without being told what to expect;"
+        " the whole file is checked on the way.",
+        [("file", "the checkpoint")],
     )
-    p.add_argument("file", help="the checkpoint")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     _max_json_option(p)
-    p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "validate",
-        help="exit 0 if a file is well-formed (and fits --against), 1 if not",
-        description="Check every record, size and the end of the file; with --against, also"
-        " everything a load into that destination checks.",
+        _cmd_validate,
+        "exit 0 if a file is well-formed (and fits --against), 1 if not",
+        "Check every record, size and the end of the file; with --against, also everything a"
+        " load into that destination checks.",
+        [("file", "the checkpoint")],
     )
-    p.add_argument("file", help="the checkpoint")
     p.add_argument(
         "--against",
         metavar="REFERENCE",
@@ -198,17 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
         " .safetensors, .pt: its shapes) or a JSON destination description (docs/guide.md)",
     )
     _max_json_option(p)
-    p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "convert",
-        help="convert model state among TLSF32B, JSON, safetensors and .pt, exactly",
-        description="Convert model state exactly, or refuse: a value the target cannot hold"
-        " bit for bit is an error, never a rounding. .pt files are read with"
-        " torch.load(weights_only=True) only.",
+        _cmd_convert,
+        "convert model state among TLSF32B, JSON, safetensors and .pt, exactly",
+        "Convert model state exactly, or refuse: a value the target cannot hold bit for bit is"
+        " an error, never a rounding. .pt files are read with torch.load(weights_only=True)"
+        " only.",
+        [("src", "source file (.tlsf32, .json, .safetensors, .pt)"), ("dst", "destination file")],
     )
-    p.add_argument("src", help="source file (.tlsf32, .json, .safetensors, .pt)")
-    p.add_argument("dst", help="destination file")
     p.add_argument(
         "--to", choices=sorted(FORMATS), help="destination format (default: by extension)"
     )
@@ -228,18 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--compact", action="store_true", help="compact JSON (default: indented)")
     _max_json_option(p)
-    p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "demo",
-        help="train, checkpoint, resume and show the resumed run is bit-identical (default)",
-        description="Train a small model with tied weights, a frozen layer and BatchNorm with"
-        " AdamW; checkpoint model and optimizer; resume in fresh objects; compare with the"
+        _cmd_demo,
+        "train, checkpoint, resume and show the resumed run is bit-identical (default)",
+        "Train a small model with tied weights, a frozen layer and BatchNorm with AdamW;"
+        " checkpoint model and optimizer; resume in fresh objects; compare with the"
         " uninterrupted run bit for bit. Exit 1 if they differ.",
     )
     p.add_argument("--codec", action="store_true", help="the numpy-only codec demo instead")
     p.add_argument("--keep", metavar="DIR", help="write the files to DIR and keep them")
-    p.set_defaults(func=_cmd_demo)
     return parser
 
 

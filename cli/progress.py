@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 __all__ = ["THRESHOLD", "enabled", "reading", "counting"]
@@ -95,12 +95,27 @@ def reading(path: str | os.PathLike, desc: str) -> Iterator[str | os.PathLike | 
         yield _ReportingFile(f, bar)
 
 
-def counting(items: Iterable[Any], total_bytes: int, desc: str) -> Iterator[Any]:
-    """Yield ``items`` (arrays being written), advancing a bar by each one's ``nbytes``."""
+class _Counting:
+    """``items`` as they are iterated, advancing a bar by each one's ``nbytes``; sized."""
+
+    def __init__(self, items: Sequence[Any], total_bytes: int, desc: str):
+        self.items = items
+        self.total_bytes = total_bytes
+        self.desc = desc
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Any]:
+        with _bar(self.total_bytes, self.desc) as bar:
+            for item in self.items:
+                yield item
+                bar.update(item.nbytes)
+
+
+def counting(items: Sequence[Any], total_bytes: int, desc: str) -> Sequence[Any] | _Counting:
+    """``items`` (arrays being written) as a writer takes them: when the work shows a bar,
+    a sized iterable that advances it by each one's ``nbytes``; else ``items`` themselves."""
     if not enabled(total_bytes):
-        yield from items
-        return
-    with _bar(total_bytes, desc) as bar:
-        for item in items:
-            yield item
-            bar.update(item.nbytes)
+        return items
+    return _Counting(items, total_bytes, desc)

@@ -1,0 +1,161 @@
+"""The named formats of ``tlckpt convert``: safetensors files and torch state_dicts.
+
+Tensors in these files are known by name. A safetensors file written by tlckpt keeps the
+tensors' order in its ``__metadata__`` entry :data:`ORDER_KEY`; one written by another tool
+does not say which tensor comes first, and is read in name order, marked unordered. ``.pt``
+files are read only with ``torch.load(weights_only=True)``: no code runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+
+import orjson
+
+from ..codec import (
+    CheckpointError,
+    ConfigError,
+    MalformedError,
+    UnsupportedFormatError,
+    atomic_output,
+)
+from ..optional import require
+from .tensor_state import State, from_torch, label, to_torch, torch_module
+
+__all__ = [
+    "ORDER_KEY",
+    "SAFETENSORS_MISSING",
+    "NAMED_READERS",
+    "read_safetensors",
+    "read_pt",
+    "safetensors_module",
+    "stored_order",
+    "names_for",
+    "write_named",
+]
+
+#: safetensors ``__metadata__`` key holding the tensors' order (a JSON list of names).
+ORDER_KEY = "tlckpt.order"
+
+#: Encodings torch has and safetensors 0.8 does not (its dtype table lacks them).
+SAFETENSORS_MISSING = frozenset({"complex128", "complex32"})
+
+
+def read_safetensors(path: str | os.PathLike) -> State:
+    torch_module()
+    safetensors = safetensors_module()
+    try:
+        with safetensors.safe_open(os.fspath(path), framework="pt") as f:
+            keys = list(f.keys())
+            stored = (f.metadata() or {}).get(ORDER_KEY)
+            # Without tlckpt's order the file does not say which tensor comes first: name
+            # order here, marked unordered (a positional target then needs the order given).
+            order = sorted(keys) if stored is None else stored_order(path, stored, keys)
+            tensors = [from_torch(k, f.get_tensor(k)) for k in order]
+    except safetensors.SafetensorError as exc:
+        raise MalformedError(
+            f"not a readable safetensors file: {exc}", path=path, field="header"
+        ) from None
+    return State(tensors, None, named=True, ordered=stored is not None)
+
+
+def safetensors_module() -> Any:
+    require("safetensors.torch", "converting safetensors files")
+    import safetensors
+
+    return safetensors
+
+
+def stored_order(path: str | os.PathLike, stored: str, keys: list[str]) -> list[str]:
+    try:
+        names = orjson.loads(stored)
+    except orjson.JSONDecodeError:
+        names = None
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) for n in names)
+        or sorted(names) != sorted(keys)
+    ):
+        raise MalformedError(
+            f"safetensors metadata {ORDER_KEY!r} does not list the file's tensors exactly once",
+            path=path,
+            field=f"__metadata__.{ORDER_KEY}",
+        )
+    return names
+
+
+def read_pt(path: str | os.PathLike) -> State:
+    torch = torch_module()
+    try:
+        loaded = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as exc:  # torch raises a zoo of types on hostile bytes; none may escape
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedFormatError(
+            f"not a torch state_dict loadable with weights_only=True: {first}", path=path
+        ) from None
+    if isinstance(loaded, dict):
+        items = list(loaded.items())
+        named = True
+    elif isinstance(loaded, (list, tuple)):
+        items = [(None, t) for t in loaded]
+        named = False
+    else:
+        raise MalformedError(
+            f"expected a state_dict (a mapping of names to tensors), found a"
+            f" {type(loaded).__name__}",
+            path=path,
+        )
+    tensors = []
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise MalformedError(
+                f"entry {name!r} is a {type(t).__name__}, not a tensor; only flat"
+                " state_dicts convert",
+                path=path,
+                field=str(name),
+            )
+        if name is not None and not isinstance(name, str):
+            raise MalformedError(f"key {name!r} is not a string", path=path, field=str(name))
+        tensors.append(from_torch(name, t))
+    return State(tensors, None, named=named)
+
+
+def names_for(state: State, names: list[str] | None) -> list[str]:
+    if names is not None:
+        return names
+    if state.named:
+        return [str(t.name) for t in state.tensors]
+    return [str(i) for i in range(len(state.tensors))]
+
+
+def write_named(state: State, path: str | os.PathLike, fmt: str, names: list[str]) -> None:
+    torch = torch_module()
+    if fmt == "safetensors":
+        for i, t in enumerate(state.tensors):
+            if t.encoding in SAFETENSORS_MISSING:
+                raise ConfigError(
+                    f"{label(t, i)} is {t.encoding}, which safetensors cannot hold;"
+                    " convert it to .pt or exact-bits JSON instead",
+                    field=t.name or f"tensors[{i}]",
+                    actual=t.encoding,
+                )
+    tensors = [to_torch(t) for t in state.tensors]
+    if len(set(names)) != len(names):
+        raise CheckpointError("tensor names are not unique", field="names")
+    if fmt == "safetensors":
+        save = safetensors_module().torch.save
+
+        data = save(dict(zip(names, tensors)), metadata={ORDER_KEY: orjson.dumps(names).decode()})
+        with atomic_output(path) as f:
+            f.write(data)
+    else:
+        with atomic_output(path) as f:
+            torch.save(collections.OrderedDict(zip(names, tensors)), f)
+
+
+#: Readers of the named formats, by format name.
+NAMED_READERS = {"safetensors": read_safetensors, "pt": read_pt}
