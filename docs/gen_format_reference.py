@@ -25,18 +25,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from construct import Array, Bytes, Const, Construct, FormatField, IfThenElse, Pass, Renamed, Struct
+from construct import Array, Bytes, Const, Construct, FormatField, IfThenElse, Pass, Struct
 
 import tlckpt.formats
+from tlckpt.codec.families import families
+from tlckpt.codec.plan import fixed_size
 from tlckpt.formats import registry
-from tlckpt.formats.primitives import Payload, Valid
+from tlckpt.formats.primitives import F64, U64, Payload, Valid, unwrap
 from tlckpt.formats.state_bits import ENCODINGS
 
 OUTPUT = Path(__file__).resolve().parent / "format-reference.md"
 
 TIMES = " \u00d7 "  # the multiplication sign, as FORMAT.md writes sizes
 EN_DASH = "\u2013"
-_TYPE_NAMES = {"<Q": "u64", "<d": "f64", "<I": "u32", "<B": "u8"}
+_ENCODING_COLUMNS = "name|format tag|width|exp. bits|frac. bits|bias|specials|value|numpy array"
+_TYPE_NAMES = {U64.fmtstr: "u64", F64.fmtstr: "f64", "<I": "u32", "<B": "u8"}
 
 
 # --------------------------------------------------------------------------- spec sources
@@ -187,20 +190,9 @@ class _Cursor:
 
 
 def _strip(sc: Construct) -> tuple[Construct, str, str]:
-    """Unwrap ``Renamed``; return the construct, its name and its docs (outermost wins)."""
-    name, docs = "", ""
-    while isinstance(sc, Renamed):
-        name = name or (sc.name or "")
-        docs = docs or (sc.docs or "")
-        sc = sc.subcon
-    return sc, name, docs
-
-
-def _static_size(sc: Construct) -> int | None:
-    try:
-        return sc.sizeof()
-    except Exception:  # construct raises SizeofError, KeyError, ... for data-dependent sizes
-        return None
+    """The construct inside a named field, and the field's name and docs (a ``Renamed``
+    carries those of every wrapper inside it)."""
+    return unwrap(sc), sc.name or "", sc.docs or ""
 
 
 class _Walker:
@@ -232,18 +224,12 @@ class _Walker:
         docs = docs or inner_docs
         offset = cursor.render()
 
+        def add(kind: str, size: str, meaning: str, shown: str = check) -> None:
+            rows.append(Row(offset, path, kind, size, meaning, shown))
+
         if isinstance(base, Struct):
-            size = _static_size(base)
-            rows.append(
-                Row(
-                    offset,
-                    path,
-                    "struct",
-                    "variable" if size is None else str(size),
-                    docs or self.fallback_docs(base),
-                    check,
-                )
-            )
+            size = fixed_size(base)
+            add("struct", _size_text(size), docs or self.fallback_docs(base))
             self.struct(base, f"{path}.", cursor, rows)
             return
         if isinstance(base, Array):
@@ -252,75 +238,51 @@ class _Walker:
             if isinstance(item, FormatField):
                 itemsize = struct.calcsize(item.fmtstr)
                 kind = _TYPE_NAMES.get(item.fmtstr, item.fmtstr)
-                rows.append(
-                    Row(
-                        offset,
-                        path,
-                        f"{kind}[{count}]",
-                        f"{itemsize}{TIMES}{count}",
-                        docs or self.fallback_docs(base),
-                        check,
-                    )
+                add(
+                    f"{kind}[{count}]",
+                    f"{itemsize}{TIMES}{count}",
+                    docs or self.fallback_docs(base),
                 )
-                cursor.advance(None, path)
-                return
-            rows.append(
-                Row(
-                    offset,
-                    path,
-                    f"record[{count}]",
-                    f"{count} records",
-                    docs or self.fallback_docs(base) or item_docs,
-                    check,
-                )
-            )
-            record = _Cursor(f"start({path}[i])", 0)
-            self.struct(item, f"{path}[i].", record, rows)
+            else:
+                meaning = docs or self.fallback_docs(base) or item_docs
+                add(f"record[{count}]", f"{count} records", meaning)
+                self.struct(item, f"{path}[i].", _Cursor(f"start({path}[i])", 0), rows)
             cursor.advance(None, path)
             return
         if isinstance(base, Payload):
             count = _expr(base.count)
-            rows.append(
-                Row(
-                    offset,
-                    path,
-                    f"{_payload_type(base.dtype)}[{count}]",
-                    f"{count}{TIMES}{_payload_itemsize(base.dtype)}",
-                    docs or "payload, little-endian",
-                    check or "streamed, never parsed",
-                )
+            add(
+                f"{_payload_type(base.dtype)}[{count}]",
+                f"{count}{TIMES}{_payload_itemsize(base.dtype)}",
+                docs or "payload, little-endian",
+                check or "streamed, never parsed",
             )
             cursor.advance(None, path)
             return
         if isinstance(base, IfThenElse):
             then, _, then_docs = _strip(base.thensubcon)
             other = _strip(base.elsesubcon)[0]
-            size = _static_size(then)
             kind = _TYPE_NAMES.get(getattr(then, "fmtstr", ""), type(then).__name__)
-            else_size = "0" if other is Pass else str(_static_size(other))
-            rows.append(
-                Row(
-                    offset,
-                    path,
-                    kind,
-                    f"{size} if {_expr(base.condfunc)}, else {else_size}",
-                    docs or then_docs,
-                    check,
-                )
-            )
+            else_size = "0" if other is Pass else str(fixed_size(other))
+            condition = f"{fixed_size(then)} if {_expr(base.condfunc)}, else {else_size}"
+            add(kind, condition, docs or then_docs)
             cursor.advance(None, path)
             return
-        size = _static_size(base)
+        size = fixed_size(base)
         if isinstance(base, FormatField):
             kind = _TYPE_NAMES.get(base.fmtstr, base.fmtstr)
-            if kind == "f64":
+            if base.fmtstr == F64.fmtstr:
                 check = check or "binary64 bits, kept exactly"
         elif isinstance(base, Bytes):
             kind = "bytes"
         else:
             kind = type(base).__name__
-        rows.append(Row(offset, path, kind, "variable" if size is None else str(size), docs, check))
+        add(kind, _size_text(size), docs, check)
         cursor.advance(size, path)
+
+
+def _size_text(size: int | None) -> str:
+    return "variable" if size is None else str(size)
 
 
 def spec_rows(spec: Struct, named: dict[int, _Named] | None = None) -> list[Row]:
@@ -431,33 +393,12 @@ def _encodings() -> list[str]:
     rows = []
     for name, fmt in ENCODINGS.items():
         inner = getattr(fmt, "inner", fmt)
-        rows.append(
-            [
-                f"`{name}`",
-                f"`{fmt.tag}`",
-                str(fmt.width),
-                str(inner.exponent_bits),
-                str(inner.fraction_bits),
-                str(inner.bias),
-                inner.convention,
-                "complex pair" if fmt.pair else "real",
-                f"`{fmt.array_dtype}`" + ("" if fmt.native_dtype else " words"),
-            ]
-        )
-    out += _table(
-        [
-            "name",
-            "format tag",
-            "width",
-            "exp. bits",
-            "frac. bits",
-            "bias",
-            "specials",
-            "value",
-            "numpy array",
-        ],
-        rows,
-    )
+        array = f"`{fmt.array_dtype}`" + ("" if fmt.native_dtype else " words")
+        parameters = (inner.exponent_bits, inner.fraction_bits, inner.bias)
+        value = "complex pair" if fmt.pair else "real"
+        cells = [f"`{name}`", f"`{fmt.tag}`", fmt.width, *parameters, inner.convention, value]
+        rows.append([*map(str, cells), array])
+    out += _table(_ENCODING_COLUMNS.split("|"), rows)
     out.append("")
     return out
 
@@ -465,6 +406,7 @@ def _encodings() -> list[str]:
 def render() -> str:
     """The whole reference, as Markdown."""
     named = _named_objects()
+    binary = [f for f in families() if f.magic is not None]
     out = [
         "# Format reference (generated)",
         "",
@@ -480,8 +422,9 @@ def render() -> str:
         " config bits) are in [the format rules](format.md) and [the guide](guide.md#errors).",
         "",
         "Families: "
-        + ", ".join(f"`{m.decode()}` ({name})" for m, name in sorted(registry.FAMILIES.items()))
-        + ", and exact-bits JSON.",
+        + ", ".join(f"`{f.label}` ({f.name})" for f in sorted(binary, key=lambda f: f.magic))
+        + "".join(f", and {f.label}" for f in families() if f.magic is None)
+        + ".",
         "",
     ]
     for magic, specs in sorted(_family_specs(named).items()):

@@ -7,9 +7,10 @@ says "internal error" (the fast and interpreted parsers disagreeing) is a crash 
 The destination-reading targets take their first byte as a selector: bit 7 runs the reader
 under :func:`tlckpt.codec.walker.interpreted` (construct's field-by-field parser instead of
 the precompiled fast path); the low 7 bits pick a destination from the seed files'
-destinations, 0 meaning "no destination" (``scan_adam`` / ``scan_float32_state`` /
-``inspect_state_bits``). The seed corpus prefixes every file with its own destination,
-with 0, and with its own destination in interpreted mode.
+destinations, 0 meaning "no destination" (the family's own description of the file, as
+``inspect`` makes it). Readers and descriptions are the family handlers' of the codec's
+family registry. The seed corpus prefixes every file with its own destination, with 0, and
+with its own destination in interpreted mode.
 
 Nothing here may be imported before the runner has set up instrumentation; the runner
 imports this module inside ``atheris.instrument_imports``.
@@ -56,16 +57,8 @@ class InternalError(AssertionError):
 
 def make_target(target: str) -> Callable[[bytes], None]:
     """The function atheris calls for ``target``."""
-    from tlckpt.codec import (
-        CheckpointError,
-        inspect,
-        read_adam,
-        read_float32_state,
-        read_state_bits,
-        scan_adam,
-        scan_float32_state,
-    )
-    from tlckpt.codec.state_bits import inspect_state_bits
+    from tlckpt.codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect
+    from tlckpt.codec.families import family_named
     from tlckpt.codec.walker import interpreted
 
     dests = [s.dest for s in target_seeds(target)]
@@ -79,6 +72,7 @@ def make_target(target: str) -> Callable[[bytes], None]:
 
     if target == "inspect":
         return lambda data: checked(lambda: inspect(io.BytesIO(data)))
+    family = family_named(_KIND[target])
 
     def one(data: bytes) -> None:
         if not data:
@@ -88,24 +82,9 @@ def make_target(target: str) -> Callable[[bytes], None]:
         mode = interpreted() if sel & 0x80 else contextlib.nullcontext()
         d = dests[k - 1] if k else None
         with mode:
-            if target == "adam":
-                if d is None:
-                    checked(lambda: scan_adam(body))
-                else:
-                    config = d.get("expected_config")
-                    checked(
-                        lambda: read_adam(
-                            body, d["schema"], dtype=d["dtype"], expected_config=config
-                        )
-                    )
-            elif target == "tlsf32":
-                if d is None:
-                    checked(lambda: scan_float32_state(body))
-                else:
-                    checked(lambda: read_float32_state(body, d["shapes"]))
-            elif d is None:
-                checked(lambda: inspect_state_bits(body))
+            if d is None:  # no destination: the file against its own layout
+                checked(lambda: family.describe(body, DEFAULT_MAX_JSON_BYTES))
             else:
-                checked(lambda: read_state_bits(body, d["shapes"], d["encoding"]))
+                checked(lambda: family.read(body, d, True, DEFAULT_MAX_JSON_BYTES))
 
     return one

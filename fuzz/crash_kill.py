@@ -38,7 +38,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import struct
 import sys
 import tempfile
 import time
@@ -46,15 +45,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tlckpt.formats.primitives import float_bits, pack_u64
+
 DESTS = ("model.tlsf32", "opt.tladam", "small.json")
 CHECKPOINT_SUFFIXES = (".tlsf32", ".tladam", ".json", ".safetensors", ".pt", ".pth")
 
 
 # ------------------------------------------------------------------------------ digests
-
-
-def _f64(x: float) -> bytes:
-    return struct.pack("<d", x)
 
 
 def _digest_arrays(arrays: list[Any]) -> str:
@@ -68,10 +65,10 @@ def _digest_arrays(arrays: list[Any]) -> str:
 def _digest_adam(config: tuple, counter: int | None, entries: list[tuple]) -> str:
     h = hashlib.sha256()
     kind, b1, b2, eps, wd = config
-    h.update(repr(kind).encode() + _f64(b1) + _f64(b2) + _f64(eps) + _f64(wd))
+    h.update(repr(kind).encode() + pack_u64(*map(float_bits, (b1, b2, eps, wd))))
     h.update(repr(counter).encode())
     for slot, step, m, v in entries:
-        h.update(struct.pack("<QQ", slot, step))
+        h.update(pack_u64(slot, step))
         h.update(memoryview(m.reshape(-1)).cast("B") if m.size else b"")
         h.update(memoryview(v.reshape(-1)).cast("B") if v.size else b"")
     return h.hexdigest()

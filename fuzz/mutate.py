@@ -53,7 +53,7 @@ from typing import Any
 
 from .bounds import TIME_BOUND_S, MiB, Outcome, limit_address_space, measure, retime
 from .mutators import apply, describe, field_map, random_specs, record_kind, systematic
-from .seeds import FORMAT_KEYS, REPO, Seed, all_seeds, generated_seeds, readers, vector_seeds
+from .seeds import REPO, Seed, all_seeds, format_keys, generated_seeds, readers, vector_seeds
 
 DEFAULT_OUT = REPO / "fuzz" / "out" / "mutate"
 
@@ -509,7 +509,7 @@ def _report(campaign: Campaign, elapsed: float, systematic_done: bool, phase: st
     formats = {}
     totals = defaultdict(int)
     record_kinds: defaultdict[str, int] = defaultdict(int)
-    for key in FORMAT_KEYS:
+    for key in format_keys():
         st = campaign.stats.get(key)
         if st is None or not st.seeds:
             continue
