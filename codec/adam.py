@@ -37,6 +37,7 @@ from .errors import (
     ConfigError,
     EntryError,
     SchemaMismatchError,
+    differs,
     names_the_file,
 )
 from .framed import check_trailing, read_framing
@@ -169,13 +170,8 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         elif path == ENTRY_COUNT:
             want = self.schema.optimizer_state_count
             if value != want:
-                raise EntryError(
-                    f"entry_count is {value}, the schema has {want} representative slot(s)",
-                    offset=offset,
-                    field=field_name(ENTRY_COUNT),
-                    actual=value,
-                    expected=want,
-                )
+                message = f"entry_count is {value}, the schema has {want} representative slot(s)"
+                raise differs(EntryError, message, offset, path, value, want)
         elif head not in _KNOWN:
             self.fields[head] = value
 
@@ -269,13 +265,8 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         elif name == "count":
             want = schema.element_count(ctx.id)
             if value != want:
-                raise EntryError(
-                    f"entry for slot {ctx.id} has {value} elements, the slot has {want}",
-                    offset=offset,
-                    field=field_name(path),
-                    actual=value,
-                    expected=want,
-                )
+                message = f"entry for slot {ctx.id} has {value} elements, the slot has {want}"
+                raise differs(EntryError, message, offset, path, value, want)
 
     def _bad_id(self, value: int, offset: int, where: str) -> None:
         """Raise for an entry id that is out of range, repeated, or not a representative's."""

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from construct import ConstructError
 
 from ..formats.primitives import InvalidField
+from .paths import field_name
 
 __all__ = [
     "CheckpointError",
@@ -32,6 +33,7 @@ __all__ = [
     "PartialLoadError",
     "ERROR_OF_CATEGORY",
     "error_for_category",
+    "differs",
     "from_construct",
     "names_the_file",
 ]
@@ -171,6 +173,21 @@ ERROR_OF_CATEGORY: dict[str, type[CheckpointError]] = {
 def error_for_category(category: str) -> type[CheckpointError]:
     """The error class for a spec check's category (see ``formats.primitives.Category``)."""
     return ERROR_OF_CATEGORY.get(category, CheckpointError)
+
+
+_E = TypeVar("_E", bound=CheckpointError)
+
+
+def differs(
+    cls: type[_E], message: str, offset: int | None, path: tuple | str, actual: Any, expected: Any
+) -> _E:
+    """The error for the field at spec ``path`` (byte ``offset``) whose value ``actual``
+    differs from the ``expected`` one; the caller raises it.
+
+    The readers compare first and build the error only then: on the path of a valid file no
+    message is formatted and no field name rendered.
+    """
+    return cls(message, offset=offset, field=field_name(path), actual=actual, expected=expected)
 
 
 def from_construct(

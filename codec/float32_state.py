@@ -21,6 +21,7 @@ from .errors import (
     CheckpointError,
     SchemaMismatchError,
     UnsupportedFormatError,
+    differs,
     names_the_file,
 )
 from .framed import check_trailing, read_framing
@@ -70,13 +71,8 @@ class _StateReader(Visitor):
         elif depth == _RECORD_DEPTH and path[:-1] == TENSORS:  # a whole tensor record
             self.found.append(tuple(value.dims))
         elif path == TENSOR_COUNT and self.shapes is not None and value != len(self.shapes):
-            raise SchemaMismatchError(
-                f"tensor count {value} in the file, {len(self.shapes)} expected",
-                offset=offset,
-                field=field_name(TENSOR_COUNT),
-                actual=value,
-                expected=len(self.shapes),
-            )
+            message = f"tensor count {value} in the file, {len(self.shapes)} expected"
+            raise differs(SchemaMismatchError, message, offset, path, value, len(self.shapes))
 
     def batches(self, path: Path) -> bool:
         # Scans (no destination, payloads skipped) take runs of alike tensors at once.

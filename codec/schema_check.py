@@ -10,7 +10,7 @@ from construct import Container
 from ..formats.adam import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
 from ..formats.primitives import U64_SIZE, product
 from .batches import RecordBatch
-from .errors import SchemaMismatchError
+from .errors import SchemaMismatchError, differs
 from .schema import ParameterSchema
 from .walker import Path, field_name
 
@@ -60,13 +60,7 @@ def check_shape_field(
         if value != want:
             what = f"{name.replace('_', ' ')} {value} in the file, {want} expected"
             shown = f" (shape {_fmt(shape)})" if name == "rank" else ""
-            raise SchemaMismatchError(
-                f"{label}: {what}{shown}",
-                offset=offset,
-                field=field_name(path),
-                actual=value,
-                expected=want,
-            )
+            raise differs(SchemaMismatchError, f"{label}: {what}{shown}", offset, path, value, want)
     elif name == "dims":
         _first_difference(
             value,
@@ -106,13 +100,8 @@ class SchemaVisitorMixin:
         expected = self.expected
         if path == SLOT_COUNT:
             if expected is not None and value != len(expected):
-                raise SchemaMismatchError(
-                    f"slot count {value} in the file, {len(expected)} expected",
-                    offset=offset,
-                    field=field_name(SLOT_COUNT),
-                    actual=value,
-                    expected=len(expected),
-                )
+                message = f"slot count {value} in the file, {len(expected)} expected"
+                raise differs(SchemaMismatchError, message, offset, path, value, len(expected))
         elif path[:-2] == SLOTS:  # a field of a slot
             slot, name = path[-2], path[-1]
             if expected is not None:
