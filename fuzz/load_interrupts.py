@@ -195,11 +195,11 @@ def _config_trials(config: str, count: int, work: Path, watch: _Watch) -> None:
 def _child(work: Path, trials: dict[str, int]) -> None:
     import torch
 
-    from tlckpt.runtime import module_state
+    from tlckpt.runtime import plans
 
     torch.set_num_threads(1)
-    watch = _Watch(module_state.deferred_interrupts)
-    module_state.deferred_interrupts = watch  # type: ignore[assignment]
+    watch = _Watch(plans.deferred_interrupts)
+    plans.deferred_interrupts = watch  # type: ignore[assignment]
     for config, count in trials.items():
         _config_trials(config, count, work, watch)
     _say("DONE")

@@ -12,8 +12,15 @@ tensors and reports a file changed under it as a ``PartialLoadError``.
 
 Models and optimizers sharded with ``torch.distributed`` (FSDP2 ``fully_shard``, DTensors
 from ``distribute_tensor``) go through the same functions, called on every rank: rank 0
-reads or writes the one file, the same file one process would (:mod:`.sharded_state`,
-:mod:`.sharded_optimizer`), so a checkpoint loads into any number of ranks.
+reads or writes the one file, the same file one process would (:mod:`.sharded_placement`),
+so a checkpoint loads into any number of ranks.
+
+How the package is laid out: the public functions (:mod:`.module_state`, :mod:`.optimizer`)
+choose a placement (:mod:`.placement`: :mod:`.local_placement` or
+:mod:`.sharded_placement`, whose collectives are in :mod:`.collectives`) and run the
+operation, written once over it: :mod:`.float32_files` (``TLSF32B``), :mod:`.bits_files`
+(exact-bits JSON), :mod:`.adam_files` (``TLADAMF``). A load returns a plan; its commit
+(:mod:`.plans`) is the only place where live tensors or optimizer state are written.
 """
 
 from ..optional import require

@@ -1,9 +1,9 @@
 """DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) as the runtime sees them.
 
 Nothing here communicates. It answers, on one process: does this model hold sharded
-tensors (then the public functions take the collective path of :mod:`.sharded_state` and
-:mod:`.sharded_optimizer`), what is a DTensor's local shard (where its storage identity
-lives, for tied weights), and what every rank must agree on before the first collective.
+tensors (then the public functions take the sharded placement, :mod:`.sharded_placement`),
+what is a DTensor's local shard (where its storage identity lives, for tied weights), and
+what every rank must agree on before the first collective.
 """
 
 from __future__ import annotations
@@ -38,8 +38,15 @@ def dtensor_class() -> type | None:
     return getattr(module, "DTensor", None) if module is not None else None
 
 
+#: Tensor types that are never DTensors (a DTensor parameter keeps the DTensor type): the
+#: answer for the common case without a look-up, once per tensor of a large model.
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
 def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a ``torch.distributed.tensor.DTensor`` (parameters included)."""
+    if type(t) in _PLAIN_TYPES:
+        return False
     cls = dtensor_class()
     return cls is not None and isinstance(t, cls)
 

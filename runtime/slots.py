@@ -8,8 +8,9 @@ that storage; any other overlap cannot be described by the format and is refused
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ from ..codec.errors import CheckpointError, SchemaMismatchError
 from ..codec.schema import ParameterSchema
 from .dtensors import local_tensor
 
-__all__ = ["ParameterSlots", "parameter_slots", "schema_of", "view_key"]
+__all__ = ["ParameterSlots", "named_tensors", "parameter_slots", "schema_of", "view_key"]
 
 ModuleOrParams = torch.nn.Module | Iterable[torch.Tensor] | Mapping[str, torch.Tensor]
 
@@ -41,19 +42,44 @@ class ParameterSlots:
         return f"slot {i} ({self.names[i]})"
 
 
-def _named_tensors(module_or_params: ModuleOrParams) -> list[tuple[str, torch.Tensor]]:
-    if isinstance(module_or_params, torch.nn.Module):
-        return list(module_or_params.named_parameters(remove_duplicate=False))
-    if isinstance(module_or_params, Mapping):
-        items = list(module_or_params.items())
-    elif isinstance(module_or_params, torch.Tensor):
+def named_tensors(
+    source: Any,
+    of_module: Callable[[torch.nn.Module], Iterable[tuple[str, Any]]],
+    prefix: str,
+    not_a_tensor: Callable[[str, Any], Exception],
+) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs of a module, a mapping of names to tensors, or a sequence.
+
+    Args:
+        source: the caller's argument.
+        of_module: a module's named entries (its parameters, or its ``state_dict``).
+        prefix: how a sequence's entries are named (``"params"`` → ``"params[3]"``).
+        not_a_tensor: the error for an entry that is not a tensor, given its name and value.
+
+    Raises:
+        TypeError: a single tensor (a sequence of them is meant).
+    """
+    if isinstance(source, torch.nn.Module):
+        items = list(of_module(source))
+    elif isinstance(source, Mapping):
+        items = list(source.items())
+    elif isinstance(source, torch.Tensor):
         raise TypeError("pass a module or a sequence of tensors, not a single tensor")
     else:
-        items = [(f"params[{i}]", t) for i, t in enumerate(module_or_params)]
+        items = [(f"{prefix}[{i}]", t) for i, t in enumerate(source)]
     for name, t in items:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} is a {type(t).__name__}, not a tensor")
+            raise not_a_tensor(str(name), t)
     return [(str(name), t) for name, t in items]
+
+
+def _named_parameters(module_or_params: ModuleOrParams) -> list[tuple[str, torch.Tensor]]:
+    return named_tensors(
+        module_or_params,
+        lambda module: module.named_parameters(remove_duplicate=False),
+        "params",
+        lambda name, value: TypeError(f"{name} is a {type(value).__name__}, not a tensor"),
+    )
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
@@ -132,7 +158,7 @@ def parameter_slots(module_or_params: ModuleOrParams) -> ParameterSlots:
         SchemaMismatchError: two parameters overlap without being the same view.
         TypeError: the argument is not a module or a collection of tensors.
     """
-    named = _named_tensors(module_or_params)
+    named = _named_parameters(module_or_params)
     names = [n for n, _ in named]
     tensors = [t for _, t in named]
     reps = _representatives(names, tensors)

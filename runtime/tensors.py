@@ -149,6 +149,13 @@ def _integral_values(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor |
     return wide.to(dtype)
 
 
+def _conversion_error(
+    kind: type[CheckpointError], message: str, name: str, actual: torch.dtype, expected: torch.dtype
+) -> CheckpointError:
+    """A refused conversion of tensor ``name``, with both dtypes as the error's fields."""
+    return kind(message, field=name, actual=str(actual), expected=str(expected))
+
+
 def check_convertible(dtype: torch.dtype, file_dtype: torch.dtype, name: str) -> None:
     """Raise unless a tensor of ``dtype`` may travel in ``file_dtype`` at all.
 
@@ -159,12 +166,13 @@ def check_convertible(dtype: torch.dtype, file_dtype: torch.dtype, name: str) ->
         ConfigError: naming the tensor and both dtypes.
     """
     if dtype != file_dtype and (is_floating(dtype) or not _is_integer_like(dtype)):
-        raise ConfigError(
+        raise _conversion_error(
+            ConfigError,
             f"tensor {name!r} is {dtype}; the file holds {file_dtype} and only integer or"
             " bool tensors are converted (exactly)",
-            field=name,
-            actual=str(dtype),
-            expected=str(file_dtype),
+            name,
+            dtype,
+            file_dtype,
         )
 
 
@@ -181,11 +189,12 @@ def to_file_dtype(t: torch.Tensor, file_dtype: torch.dtype, name: str) -> torch.
     converted = t.detach().to(file_dtype)
     back = _integral_values(converted, t.dtype)
     if back is None or not torch.equal(back, t.detach()):
-        raise ConfigError(
+        raise _conversion_error(
+            ConfigError,
             f"tensor {name!r} ({t.dtype}) has values that {file_dtype} cannot hold exactly",
-            field=name,
-            actual=str(t.dtype),
-            expected=str(file_dtype),
+            name,
+            t.dtype,
+            file_dtype,
         )
     return converted
 
@@ -200,12 +209,13 @@ def from_file_dtype(values: torch.Tensor, dtype: torch.dtype, name: str) -> torc
         return values
     converted = _integral_values(values, dtype) if _is_integer_like(dtype) else None
     if converted is None:
-        raise CheckpointError(
+        raise _conversion_error(
+            CheckpointError,
             f"tensor {name!r}: the file's {values.dtype} values are not exactly representable"
             f" in the destination's {dtype}",
-            field=name,
-            actual=str(values.dtype),
-            expected=str(dtype),
+            name,
+            values.dtype,
+            dtype,
         )
     return converted
 

@@ -41,7 +41,6 @@ from sharded_support import (
 )
 
 from tlckpt.runtime import (
-    collectives,
     load_module_state,
     load_optimizer,
     load_state_bits,
@@ -50,6 +49,7 @@ from tlckpt.runtime import (
     save_state_bits,
     schema_of,
 )
+from tlckpt.runtime.collectives import scatter
 from tlckpt.runtime.dtensors import local_tensor
 
 RANK = int(os.environ["RANK"])
@@ -338,7 +338,7 @@ def rank_local_failures(ctx: dict[str, Any]) -> dict[str, Any]:
     differs from the others') makes every rank raise, and nothing changes anywhere."""
     model, opt = ctx["trained"]
     out = {}
-    real = collectives._part_of
+    real = scatter._part_of
     calls = {"n": 0}
 
     def failing_part(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -356,13 +356,13 @@ def rank_local_failures(ctx: dict[str, Any]) -> dict[str, Any]:
         ("bits", lambda: load_state_bits(model, MINE / "state.json")),
     ]:
         calls["n"] = 0
-        collectives._part_of = failing_part
+        scatter._part_of = failing_part
         try:
             before = local_state(model, opt)
             result = attempt(action)
             result["unchanged"] = unchanged(before, local_state(model, opt))
         finally:
-            collectives._part_of = real
+            scatter._part_of = real
         out[f"injected_{name}"] = result
 
     # The last rank passes one tensor fewer: the ranks' layouts differ.

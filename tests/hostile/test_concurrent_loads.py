@@ -31,7 +31,7 @@ from tlckpt.codec import (
     TruncatedError,
 )
 from tlckpt.codec import state_bits as state_bits_module
-from tlckpt.runtime import module_state
+from tlckpt.runtime import float32_files
 
 li = fuzz_module("load_interrupts")
 MODES = ("staged", "in-place", "json")
@@ -108,10 +108,10 @@ def _hook_payload_pass(
 ) -> None:
     """Run ``action`` inside the pass that reads payloads into the model or its staging:
     after the payload of record ``after``, or (``None``) once the pass has returned."""
-    real = module_state.read_float32_payloads
+    real = float32_files.read_float32_payloads
 
     def hooked(f: Any, layout: Any, sink: Any) -> None:
-        if type(sink).__name__ not in ("_Stager", "_Installer"):
+        if type(sink).__name__ not in ("_Receiving", "_Installer"):
             return real(f, layout, sink)  # the in-place mode's checking pass
 
         class Sink:
@@ -128,7 +128,7 @@ def _hook_payload_pass(
         if after is None:
             action()
 
-    monkeypatch.setattr(module_state, "read_float32_payloads", hooked)
+    monkeypatch.setattr(float32_files, "read_float32_payloads", hooked)
 
 
 # ------------------------------------------------------------------------------ TLSF32B
@@ -140,14 +140,14 @@ def test_change_after_the_checking_pass_is_refused_cleanly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str
 ) -> None:
     setup = _Setup(tmp_path, mode)
-    real = module_state.validate_float32_state
+    real = float32_files.validate_float32_state
 
     def validate_then_change(f: Any, shapes: Any) -> Any:
         layout = real(f, shapes)
         setup.change(how)
         return layout
 
-    monkeypatch.setattr(module_state, "validate_float32_state", validate_then_change)
+    monkeypatch.setattr(float32_files, "validate_float32_state", validate_then_change)
     with pytest.raises(FileChangedError, match="changed while it was being read"):
         setup.load()
     assert setup.state() == "old"

@@ -21,7 +21,7 @@ import torch
 from hostile_support import fuzz_module, last_json, run_campaign
 
 import tlckpt
-from tlckpt.runtime import module_state, sharded_state
+from tlckpt.runtime import bits_files, float32_files, plans
 
 li = fuzz_module("load_interrupts")
 rh = fuzz_module("runtime_hostile")
@@ -88,7 +88,7 @@ def _signal_inside_the_commit(
     monkeypatch: pytest.MonkeyPatch, mode: str, trigger: Callable[[], None]
 ) -> None:
     if mode == "in-place":  # the commit is the copying pass: signal after its third tensor
-        real = module_state._Installer.done
+        real = float32_files._Installer.done
         calls = []
 
         def done(self: Any, record: int, field: str, buffer: Any) -> None:
@@ -97,12 +97,10 @@ def _signal_inside_the_commit(
             if len(calls) == 3:
                 trigger()
 
-        monkeypatch.setattr(module_state._Installer, "done", done)
+        monkeypatch.setattr(float32_files._Installer, "done", done)
         return
-    real_commit = module_state.commit
-    monkeypatch.setattr(
-        module_state, "commit", lambda pairs: real_commit(_signalling(pairs, trigger))
-    )
+    real_commit = plans.commit
+    monkeypatch.setattr(plans, "commit", lambda pairs: real_commit(_signalling(pairs, trigger)))
 
 
 @pytest.mark.parametrize("trigger", sorted(TRIGGERS))
@@ -124,16 +122,16 @@ def test_interrupt_before_the_commit_changes_nothing(
 ) -> None:
     setup = _Setup(tmp_path, mode)
     if mode == "json":
-        real_read = module_state.read_state_bits
+        real_read = bits_files.read_state_bits
 
         def read_then_signal(*args: Any) -> Any:
             arrays = real_read(*args)
             signal.raise_signal(signal.SIGINT)
             return arrays
 
-        monkeypatch.setattr(module_state, "read_state_bits", read_then_signal)
+        monkeypatch.setattr(bits_files, "read_state_bits", read_then_signal)
     else:  # in the payload pass (staged) or the checking pass (in place), at its 3rd payload
-        sink = module_state._Stager if mode == "staged" else module_state.Precheck
+        sink = float32_files._Receiving if mode == "staged" else float32_files.Precheck
         real_done = sink.done
         calls = []
 
@@ -190,7 +188,7 @@ def test_sharded_commit_holds_interrupts_back() -> None:
             yield t, torch.full((3,), float(k + 1))
 
     with pytest.raises(KeyboardInterrupt):
-        sharded_state._commit(stream())  # type: ignore[arg-type]
+        plans.commit(stream())  # the one commit, for sharded state too
     assert [t[0].item() for t in live] == [1.0, 2.0, 3.0, 4.0]
 
 

@@ -1,0 +1,106 @@
+"""Model state as exact-bits JSON: the save, and the load as a plan committed after.
+
+Both are written once over a :class:`~.placement.Placement`. The codec's JSON writer takes
+all arrays at once, and a JSON document is parsed whole: the writer holds the whole state
+while writing (gathered, when sharded; a single process's is the model), and the reader the
+whole document while reading; a load is always staged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..codec.source import PathOrFile
+from ..codec.state_bits import read_state_bits, write_state_bits
+from .dtensors import local_tensor
+from .placement import Placement, Take
+from .plans import StatePlan
+from .state_tensors import (
+    ModuleOrTensors,
+    NamedTensors,
+    TieCheck,
+    bits_named_state,
+    layout_of,
+    state_plan,
+    tied_copies,
+    written,
+)
+from .tensors import check_convertible, from_file_dtype, from_host, to_file_dtype, to_host
+
+__all__ = ["save", "plan_load"]
+
+
+def save(
+    placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrFile, pretty: bool
+) -> None:
+    """Write the state as exact-bits JSON (see :func:`~tlckpt.runtime.save_state_bits`)."""
+
+    def check() -> tuple[NamedTensors, torch.dtype, str]:
+        named, dtype, encoding = bits_named_state(module_or_tensors)
+        placement.check(named)
+        for name, t in named:
+            to_file_dtype(local_tensor(t), dtype, name)  # each rank checks its own values
+        return named, dtype, encoding
+
+    named, dtype, encoding = placement.agree(
+        check, lambda checked: layout_of(f"bits save {checked[2]}", checked[0])
+    )
+
+    def write(take: Take) -> None:
+        arrays = []
+        for i, (name, _) in enumerate(named):
+            values = to_file_dtype(take(i), dtype, name).cpu().contiguous()
+            arrays.append(to_host(values))
+        write_state_bits(path, arrays, encoding, pretty=pretty)
+
+    placement.gather([t for _, t in named], None, write)  # the writer keeps them all
+
+
+def _file_values(
+    path: PathOrFile, named: NamedTensors, dtype: torch.dtype, encoding: str, copies: dict
+) -> list[torch.Tensor | None]:
+    """The file's values, checked and converted for each destination, in state order."""
+    arrays = read_state_bits(path, [tuple(t.shape) for _, t in named], encoding)
+    ties = TieCheck(named, copies, keep=True)
+    for i, array in enumerate(arrays):
+        ties.is_copy(i, array)  # every copy checked before anything is converted
+    return [
+        None if i in copies else from_file_dtype(from_host(a, dtype).reshape(t.shape), t.dtype, n)
+        for i, ((n, t), a) in enumerate(zip(named, arrays))
+    ]
+
+
+def plan_load(
+    placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrFile
+) -> StatePlan:
+    """Read and check exact-bits JSON state for the model and stage its values (see
+    :func:`~tlckpt.runtime.load_state_bits`); nothing live changes.
+
+    Returns:
+        The plan; its commit copies every value into its live tensor.
+    """
+
+    def check() -> tuple[NamedTensors, str, dict[int, int], list[torch.Tensor | None]]:
+        named, dtype, encoding = bits_named_state(module_or_tensors)
+        placement.check(named)
+        for name, t in named:
+            check_convertible(t.dtype, dtype, name)
+        copies = tied_copies(named)
+        values = (
+            _file_values(path, named, dtype, encoding, copies) if placement.touches_file else []
+        )
+        return named, encoding, copies, values
+
+    named, _, copies, values = placement.agree(
+        check, lambda checked: layout_of(f"bits load {checked[1]}", checked[0], checked[2])
+    )
+    sent = written(named, copies)
+    receiver = placement.receiver([named[i][1] for i in sent])
+
+    def send() -> None:
+        for k, i in enumerate(sent):
+            receiver.put(k, values[i])  # type: ignore[arg-type]  # not a copy: a value
+            values[i] = None  # sent: free it
+
+    placement.transfer(receiver, send)
+    return state_plan(named, sent, receiver)

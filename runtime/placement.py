@@ -1,0 +1,161 @@
+"""Where a checkpoint operation's tensors live, and how their bytes reach the file.
+
+Every save and load (``TLSF32B``, exact-bits JSON, ``TLADAMF``) is written once, against a
+:class:`Placement`, chosen once per call by :func:`placement_for`:
+
+* :class:`~.local_placement.LocalPlacement` — the tensors are this process's own: checks
+  raise where they fail, payloads move straight between the file and tensor memory;
+* :class:`~.sharded_placement.ShardedPlacement` — the tensors hold DTensors
+  (FSDP2 ``fully_shard``, ``distribute_tensor``): the operation is a collective, every rank
+  calls it, rank 0 alone opens the file (the one a single process would write), verdicts
+  are shared so that every rank raises alike, and full tensors travel one at a time
+  (:mod:`.collectives`).
+
+The operations call a placement in this order:
+
+1. :meth:`Placement.agree` around the local work that may fail: the caller's objects
+   checked (:meth:`Placement.check` among them), and on the rank that
+   :attr:`~Placement.touches_file` the file's checking pass. Every rank goes on, or every
+   rank raises the same error.
+2. The transfer. A save: :meth:`Placement.gather` runs the writer (the codec) with each full
+   tensor on demand. A load: a :meth:`Placement.receiver` for the new values, then
+   :meth:`Placement.transfer` runs the reader, which reads each payload into
+   :meth:`Receiver.buffer` and hands the new values to :meth:`Receiver.put`; each rank keeps
+   its own part (:meth:`Receiver.received`). Both end agreed, as step 1.
+3. :meth:`Placement.share`: a small result (the version written, the steps and random counter
+   read) on every rank.
+4. For a load, a plan (:mod:`.plans`) holding the new values, off to the side; its commit is
+   the only step that writes live state, the same for every placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from .dtensors import sharded
+from .local_placement import LOCAL
+
+__all__ = ["Placement", "Receiver", "Take", "placement_for"]
+
+_T = TypeVar("_T")
+
+#: What a save's writer is given: the full value of item ``i``.
+Take = Callable[[int], torch.Tensor]
+
+
+class Receiver(Protocol):
+    """Where a load's new values land on this rank (made by :meth:`Placement.receiver`).
+
+    Items are the load's destinations, by index. The reader asks for a buffer for each
+    payload, reads the file's values into it, converts and checks them, and puts the item's
+    full new value (the destination's dtype and shape).
+    """
+
+    #: Whether a buffer handed out stays untouched after its item is put (fresh memory per
+    #: item), so that a tied copy can be compared with it directly.
+    keeps_buffers: bool
+
+    def buffer(self, item: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat CPU tensor for the file's ``count`` values of ``item`` (contents undefined)."""
+        ...
+
+    def scratch(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reusable flat CPU tensor for a payload that is only checked, never kept."""
+        ...
+
+    def put(self, item: int, values: torch.Tensor) -> None:
+        """The full new value of ``item``; this rank keeps its part of it."""
+        ...
+
+    def received(self) -> dict[int, torch.Tensor]:
+        """Item → this rank's new part, once the transfer has ended agreed."""
+        ...
+
+
+class Placement(Protocol):
+    """How an operation's checks, verdicts and payloads go (see the module docstring for the
+    call order)."""
+
+    @property
+    def touches_file(self) -> bool:
+        """Whether this process reads or writes the file."""
+        ...
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether payloads can be read straight into live tensors (an in-place load)."""
+        ...
+
+    def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Refuse tensors this placement cannot move (a mesh that does not span the group)."""
+        ...
+
+    def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:
+        """Run ``work``; go on together, or raise the same error on every rank.
+
+        Args:
+            work: the local work that may fail.
+            layout: the fingerprint of what every rank must agree on, from ``work``'s
+                result (computed only where ranks compare it).
+
+        Returns:
+            ``work``'s result.
+        """
+        ...
+
+    def gather(
+        self, tensors: list[torch.Tensor], lanes: int | None, write: Callable[[Take], _T]
+    ) -> _T | None:
+        """Run ``write`` where the file is written, with ``take(i)``: the full value of
+        ``tensors[i]`` (perhaps the live tensor itself: read it only), in order, valid until
+        ``lanes`` further items are taken (``None``: for good). Ends agreed.
+
+        Returns:
+            ``write``'s result where it ran, else ``None``.
+        """
+        ...
+
+    def receiver(
+        self, destinations: list[torch.Tensor], *, in_order: bool = True, on_device: bool = False
+    ) -> Receiver:
+        """A receiver for new values of ``destinations`` (the same list on every rank).
+
+        Args:
+            destinations: the live tensors, by item.
+            in_order: whether items are put in the order of ``destinations``; else in any
+                order, each at most once.
+            on_device: whether each new value must end on its destination's device (else it
+                may stay in host memory: the commit copies it over).
+        """
+        ...
+
+    def transfer(self, receiver: Receiver, read: Callable[[], _T]) -> _T | None:
+        """Run ``read`` (which feeds ``receiver``) where the file is read. Ends agreed.
+
+        Returns:
+            ``read``'s result where it ran, else ``None``.
+        """
+        ...
+
+    def share(self, value: Any) -> Any:
+        """The file-touching process's JSON-able ``value``, on every rank."""
+        ...
+
+
+def placement_for(module_or_tensors: Any) -> Placement:
+    """The placement of a call's tensors: sharded when any of them is a DTensor.
+
+    Args:
+        module_or_tensors: a module, a mapping or a sequence of tensors (a one-shot
+            iterable must have been made a list: :func:`~.dtensors.reusable`).
+    """
+    if not sharded(module_or_tensors):
+        return LOCAL
+    # Deferred: the sharded placement imports torch.distributed.tensor (half a second),
+    # which single-process users never pay for. It imports nothing of this module's.
+    from .sharded_placement import ShardedPlacement
+
+    return ShardedPlacement()

@@ -1,0 +1,216 @@
+"""A model's state as the state files hold it: named tensors in file order, and their ties.
+
+State is ``state_dict()`` order: parameters (tied ones once per place they are registered,
+frozen ones included) and persistent buffers, without names (FORMAT.md §4). The file's scalar
+type is the model's one floating dtype; an integer or bool tensor (BatchNorm's
+``num_batches_tracked``) travels in it only when the conversion is exact both ways.
+
+A tied tensor is in the state once per place it is registered; the file holds its values
+once per place too, and a load requires every copy to hold the same bits as the first
+(:class:`TieCheck`), then writes the first only (its copies share its memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError
+from .dtensors import fingerprint, local_tensor, spec_of
+from .placement import Receiver
+from .plans import StatePlan
+from .slots import named_tensors, view_key
+from .tensors import encoding_of, file_dtype_of
+
+__all__ = [
+    "ModuleOrTensors",
+    "NamedTensors",
+    "DEFAULT_BITS_DTYPE",
+    "state_tensors",
+    "float32_named_state",
+    "bits_named_state",
+    "tied_copies",
+    "written",
+    "tie_conflict",
+    "TieCheck",
+    "layout_of",
+    "state_plan",
+]
+
+ModuleOrTensors = torch.nn.Module | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+#: Scalar type of exact-bits JSON state that has no floating tensor to decide it (a model of
+#: integer buffers only, or no state at all): binary64 holds every integer up to 2^53.
+DEFAULT_BITS_DTYPE = torch.float64
+
+
+def _not_a_tensor(name: str, value: object) -> CheckpointError:
+    return CheckpointError(
+        f"state entry {name!r} is a {type(value).__name__}, not a tensor; the formats"
+        " hold tensors only",
+        field=name,
+    )
+
+
+def state_tensors(module_or_tensors: ModuleOrTensors) -> NamedTensors:
+    """The live state tensors with their names, in file order.
+
+    Args:
+        module_or_tensors: an ``nn.Module`` (its ``state_dict(keep_vars=True)``: parameters
+            and persistent buffers), a mapping of names to tensors, or a sequence of tensors.
+
+    Returns:
+        ``(name, tensor)`` pairs; the tensors are the live ones (not copies).
+
+    Raises:
+        CheckpointError: an entry of the state is not a tensor (for example ``_extra_state``).
+        TypeError: the argument is none of the accepted kinds.
+    """
+    return named_tensors(
+        module_or_tensors,
+        lambda module: module.state_dict(keep_vars=True).items(),
+        "state",
+        _not_a_tensor,
+    )
+
+
+def float32_named_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
+    """The state, checked to be storable as float32 (TLSF32B holds nothing else).
+
+    Raises:
+        ConfigError: the model's floating dtype is not float32.
+    """
+    named = state_tensors(module_or_tensors)
+    dtype = file_dtype_of(named)
+    if dtype not in (None, torch.float32):
+        raise ConfigError(
+            f"TLSF32B holds float32 state only and this model is {dtype}; use"
+            " save_state_bits/load_state_bits for its exact bits",
+            actual=str(dtype),
+            expected="torch.float32",
+        )
+    return named
+
+
+def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, torch.dtype, str]:
+    """The state, the scalar type of its exact-bits JSON file and that type's encoding.
+
+    Raises:
+        ConfigError: mixed floating dtypes, or one no exact-bits format holds.
+    """
+    named = state_tensors(module_or_tensors)
+    dtype = file_dtype_of(named) or DEFAULT_BITS_DTYPE
+    return named, dtype, encoding_of(dtype, "model state")
+
+
+def tied_copies(named: NamedTensors) -> dict[int, int]:
+    """State index → the earlier index holding the very same tensor view (tied weights are
+    in ``state_dict`` once per place they are registered)."""
+    # Two views can only be the same if they start at the same address: bucket by that
+    # (cheap) and compare full view keys within the rare buckets of more than one tensor.
+    by_address: dict[int, list[int]] = {}
+    for i, (_, t) in enumerate(named):
+        if t.numel():
+            by_address.setdefault(local_tensor(t).data_ptr(), []).append(i)
+    copies: dict[int, int] = {}
+    for candidates in by_address.values():
+        if len(candidates) > 1:
+            first: dict[tuple, int] = {}
+            for i in candidates:
+                j = first.setdefault(view_key(named[i][1]), i)
+                if j != i:
+                    copies[i] = j
+    return copies
+
+
+def written(named: NamedTensors, copies: dict[int, int]) -> list[int]:
+    """The state indices whose values a load writes (a tied copy shares its original's
+    memory): the items of its transfer, in order."""
+    return [i for i in range(len(named)) if i not in copies]
+
+
+def tie_conflict(named: NamedTensors, i: int, j: int) -> SchemaMismatchError:
+    """The error for a file whose tensor ``i`` differs from ``j``, to which it is tied."""
+    return SchemaMismatchError(
+        f"tensor {i} ({named[i][0]!r}) is tied to tensor {j} ({named[j][0]!r}) but the file"
+        " holds different values for them",
+        field=f"tensors[{i}]",
+    )
+
+
+class TieCheck:
+    """Compares each tied copy's payload, bit for bit, with its original's, one payload at a
+    time, in file order (an original comes before its copies).
+
+    Args:
+        named: the state.
+        copies: :func:`tied_copies` of it.
+        keep: whether an original's payload buffer stays untouched until its copies have
+            been read (fresh memory per payload): then the copies are compared with it
+            directly; else by SHA-256 digest (a reused buffer: one payload held at a time).
+    """
+
+    def __init__(self, named: NamedTensors, copies: dict[int, int], keep: bool):
+        self.named = named
+        self.copies = copies
+        self.originals = set(copies.values())
+        #: The records that are an original or a copy of a tied tensor.
+        self.tied = self.originals | set(copies)
+        self.keep = keep
+        self.seen: dict[int, np.ndarray | bytes] = {}
+
+    def needs(self, record: int) -> bool:
+        """Whether ``record`` is an original or a copy of a tied tensor."""
+        return record in self.tied
+
+    def is_copy(self, record: int, payload: np.ndarray) -> bool:
+        """Note an original's payload, or check a copy's against it.
+
+        Returns:
+            Whether ``record`` is a copy (its values are its original's: nothing to keep).
+
+        Raises:
+            SchemaMismatchError: a copy whose bits differ from its original's.
+        """
+        original = self.copies.get(record)
+        if original is None:
+            if record in self.originals:
+                self.seen[record] = _bits(payload) if self.keep else _digest(payload)
+            return False
+        seen = self.seen[original]
+        if isinstance(seen, bytes):
+            same = seen == _digest(payload)
+        else:
+            same = np.array_equal(_bits(payload), seen)
+        if not same:
+            raise tie_conflict(self.named, record, original)
+        return True
+
+
+def _bits(payload: np.ndarray) -> np.ndarray:
+    """The payload's words as unsigned integers: equal exactly when the bits are (NaN
+    payloads and -0.0 included), without a copy."""
+    width = payload.itemsize if payload.itemsize <= 8 else 8  # complex128: two words each
+    return payload.reshape(-1).view(np.dtype(f"<u{width}"))
+
+
+def _digest(payload: np.ndarray) -> bytes:
+    return hashlib.sha256(memoryview(payload).cast("B")).digest()
+
+
+def layout_of(kind: str, named: NamedTensors, copies: dict[int, int] | None = None) -> bytes:
+    """The fingerprint ranks compare before a sharded state save or load: names, dtypes,
+    shapes, placements and ties (:func:`~.dtensors.fingerprint`)."""
+    described = [(n, str(t.dtype), tuple(t.shape), spec_of(t)) for n, t in named]
+    return fingerprint(kind, described, sorted((copies or {}).items()))
+
+
+def state_plan(named: NamedTensors, sent: list[int], receiver: Receiver) -> StatePlan:
+    """The plan of a staged state load: each written tensor's memory on this process (a
+    DTensor's local shard) and its new value, as ``receiver`` holds them after the transfer."""
+    parts = receiver.received()
+    return StatePlan([(local_tensor(named[i][1]), parts[k]) for k, i in enumerate(sent)])
