@@ -7,8 +7,7 @@ until the whole file, trailing bytes included, has been checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from construct import Container
@@ -29,6 +28,7 @@ from ..formats.adam import (
     layout_of,
 )
 from ..formats.framing import ADAM_MAGIC, FRAMING
+from .adam_types import AdamCheckpoint, AdamEntry, PayloadSink
 from .adam_writer import select_version, write_adam
 from .batches import RecordBatch
 from .config import AdamConfig, AdamKind, MomentDtype
@@ -55,46 +55,6 @@ __all__ = [
     "write_adam",
     "select_version",
 ]
-
-
-@dataclass
-class AdamEntry:
-    """One slot's Adam state: step counter and flat moment arrays of the moment dtype."""
-
-    step: int
-    m: Any
-    v: Any
-
-
-@dataclass
-class AdamCheckpoint:
-    """A fully checked optimizer checkpoint.
-
-    Attributes:
-        version: the format version of the file.
-        config: the stored configuration (already validated).
-        entries: slot id → :class:`AdamEntry`, one per representative slot.
-        random_counter: the stored counter, or ``None`` if the file has none.
-        schema: the parameter schema stored in the file.
-        fields: every other top-level header field a version defines, by name.
-    """
-
-    version: int
-    config: AdamConfig
-    entries: dict[int, AdamEntry]
-    random_counter: int | None = None
-    schema: ParameterSchema | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-class PayloadSink(Protocol):
-    """Where moment payloads go while reading (for example pinned buffers and device copies)."""
-
-    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
-        """A writable C-contiguous buffer for ``count`` elements, or ``None`` to skip."""
-
-    def done(self, record: int, field: str, buffer: Any) -> Any:
-        """Called once the buffer is filled; the result is what the entry keeps."""
 
 
 #: Top-level fields the reader knows; any other a version defines is reported by name.

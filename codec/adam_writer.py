@@ -8,7 +8,7 @@ selection rule, read off each registered spec's layout (:func:`~tlckpt.formats.a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from ..formats import registry
 from ..formats.adam import AdamLayout, CounterPresence, layout_of
 from ..formats.framing import ADAM_MAGIC
 from ..formats.primitives import U64_MAX
+from .adam_types import AdamEntry
 from .atomic import output
 from .builder import build as build_spec
 from .config import AdamConfig
@@ -23,9 +24,6 @@ from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchErro
 from .schema import ParameterSchema
 from .schema_check import schema_values
 from .source import PathOrFile
-
-if TYPE_CHECKING:
-    from .adam import AdamEntry
 
 __all__ = ["select_version", "write_adam"]
 

@@ -13,7 +13,7 @@ from ..formats import registry
 from ..formats.float32_state import TENSOR_COUNT, TENSOR_DTYPE, TENSORS, WRITTEN_VERSION
 from ..formats.framing import FLOAT32_STATE_MAGIC
 from ..formats.primitives import product
-from .adam import PayloadSink
+from .adam_types import PayloadSink
 from .atomic import output
 from .batches import RecordBatch
 from .builder import build as build_spec

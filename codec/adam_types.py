@@ -1,0 +1,58 @@
+"""The values an Adam checkpoint holds, shared by its reader and its writer.
+
+:class:`AdamEntry` (one slot's step and moments), :class:`AdamCheckpoint` (a checked file)
+and :class:`PayloadSink` (where a reader puts payloads) live here, not in the reader, so that
+the writer and other readers use them without importing the reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .config import AdamConfig
+from .schema import ParameterSchema
+
+__all__ = ["AdamEntry", "AdamCheckpoint", "PayloadSink"]
+
+
+@dataclass
+class AdamEntry:
+    """One slot's Adam state: step counter and flat moment arrays of the moment dtype."""
+
+    step: int
+    m: Any
+    v: Any
+
+
+@dataclass
+class AdamCheckpoint:
+    """A fully checked optimizer checkpoint.
+
+    Attributes:
+        version: the format version of the file.
+        config: the stored configuration (already validated).
+        entries: slot id → :class:`AdamEntry`, one per representative slot.
+        random_counter: the stored counter, or ``None`` if the file has none.
+        schema: the parameter schema stored in the file.
+        fields: every other top-level header field a version defines, by name.
+    """
+
+    version: int
+    config: AdamConfig
+    entries: dict[int, AdamEntry]
+    random_counter: int | None = None
+    schema: ParameterSchema | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class PayloadSink(Protocol):
+    """Where moment payloads go while reading (for example pinned buffers and device copies)."""
+
+    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
+        """A writable C-contiguous buffer for ``count`` elements, or ``None`` to skip."""
+
+    def done(self, record: int, field: str, buffer: Any) -> Any:
+        """Called once the buffer is filled; the result is what the entry keeps."""
