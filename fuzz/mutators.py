@@ -194,6 +194,9 @@ class Recorder(Visitor):
         self.fm.payloads.append((offset, offset + count * dtype.itemsize))
         return None
 
+    def batches(self, path: Path) -> bool:
+        return False  # every record must reach on_field: its span is what is mapped
+
 
 def field_map(data: bytes) -> FieldMap:
     """Map a binary seed with the library's walker (see the module docstring).
