@@ -26,6 +26,7 @@ for writing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -41,8 +42,12 @@ from .source import PathOrFile
 __all__ = [
     "TEMP_PREFIX",
     "TEMP_SUFFIX",
+    "Temporary",
     "atomic_output",
     "clean_temporaries",
+    "commit_temporary",
+    "create_temporary",
+    "discard_temporary",
     "is_temporary",
     "output",
     "temporary_prefix",
@@ -232,6 +237,93 @@ def clean_temporaries(path_or_folder: str | os.PathLike) -> list[Path]:
     return _stale_in(os.path.dirname(target), temporary_prefix(target))
 
 
+@dataclasses.dataclass
+class Temporary:
+    """A new, locked temporary that is to become ``dest`` (see :func:`create_temporary`).
+
+    Attributes:
+        dest: the destination's absolute path.
+        path: the temporary's path (a sibling of ``dest``).
+        fd: its descriptor, open for writing; the exclusive ``flock`` lives as long as it.
+    """
+
+    dest: str
+    path: str
+    fd: int
+
+
+def create_temporary(path: str | os.PathLike) -> Temporary:
+    """Create the locked temporary of a save to ``path``, with the mode the new file is to
+    have (the umask's, or that of the file it will replace).
+
+    Raises:
+        OSError: naming ``path`` (no such folder, read-only, full, name too long).
+    """
+    dest = os.path.abspath(os.fsdecode(path))
+    try:
+        fd, tmp = _create_temporary(os.path.dirname(dest), temporary_prefix(dest))
+    except OSError as exc:  # no such folder, read-only, full, name too long: say which
+        _name_destination(exc, dest)
+        raise
+    temporary = Temporary(dest, tmp, fd)
+    try:
+        try:
+            mode: int | None = os.stat(dest).st_mode & 0o7777
+        except OSError:
+            mode = None  # a new file: the umask applied when the temporary was created
+        if mode is not None:
+            os.fchmod(fd, mode)
+    except BaseException as exc:
+        discard_temporary(temporary, exc)
+        raise
+    return temporary
+
+
+def discard_temporary(temporary: Temporary, exc: BaseException | None = None) -> None:
+    """Remove the temporary and close it; the destination is untouched. ``exc`` (the error
+    that stopped the save), if an :class:`OSError` of our own writing, is made to name the
+    destination."""
+    with contextlib.suppress(OSError):
+        os.unlink(temporary.path)
+    with contextlib.suppress(OSError):
+        os.close(temporary.fd)
+    # Errors of our own writing name nothing or the temporary; an error about some
+    # other file (raised by the caller's code inside the block) keeps its name.
+    if isinstance(exc, OSError) and exc.filename in (None, temporary.path):
+        _name_destination(exc, temporary.dest)
+
+
+def commit_temporary(temporary: Temporary, *, durable: bool = True) -> None:
+    """The complete temporary becomes its destination: ``fsync`` (if ``durable``), rename
+    while still locked, close, ``fsync`` the folder, and remove stale temporaries of the
+    destination. A failure before the rename discards the temporary (the old file stays).
+
+    Raises:
+        OSError: naming the destination; before the rename, the old file is untouched; from
+            the folder's ``fsync``, the new file is in place but its rename may not be
+            durable yet.
+    """
+    try:
+        if durable:
+            os.fsync(temporary.fd)
+        # Still locked: the temporary never exists unlocked under its name.
+        os.replace(temporary.path, temporary.dest)
+    except BaseException as exc:
+        discard_temporary(temporary, exc)
+        raise
+    os.close(temporary.fd)
+    folder = os.path.dirname(temporary.dest)
+    if durable:
+        try:
+            _fsync_dir(folder)
+        except OSError as exc:  # the new file is in place; its rename may not be durable yet
+            _name_destination(exc, temporary.dest)
+            raise
+    # Housekeeping only: the save itself has succeeded, whatever the folder says now.
+    with contextlib.suppress(OSError):
+        _stale_in(folder, temporary_prefix(temporary.dest))
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[BinaryIO]:
     """Yield a binary file; on clean exit it atomically becomes ``path``.
@@ -250,45 +342,16 @@ def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
         OSError: from the file system, with the path; the old file is untouched and the
             temporary removed.
     """
-    dest = os.path.abspath(os.fsdecode(path))
-    folder = os.path.dirname(dest)
-    prefix = temporary_prefix(dest)
+    temporary = create_temporary(path)
     try:
-        fd, tmp = _create_temporary(folder, prefix)
-    except OSError as exc:  # no such folder, read-only, full, name too long: say which
-        _name_destination(exc, dest)
-        raise
-    try:
-        try:
-            mode: int | None = os.stat(dest).st_mode & 0o7777
-        except OSError:
-            mode = None  # a new file: the umask applied when the temporary was created
-        with os.fdopen(fd, "wb") as f:
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
+        # closefd=False: the descriptor (and its lock) lives until the rename is done.
+        with os.fdopen(temporary.fd, "wb", closefd=False) as f:
             yield f
             f.flush()
-            if durable:
-                os.fsync(f.fileno())
-            # Still locked: the temporary never exists unlocked under its name.
-            os.replace(tmp, dest)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        # Errors of our own writing name nothing or the temporary; an error about some
-        # other file (raised by the caller's code inside the block) keeps its name.
-        if isinstance(exc, OSError) and exc.filename in (None, tmp):
-            _name_destination(exc, dest)
+        discard_temporary(temporary, exc)
         raise
-    if durable:
-        try:
-            _fsync_dir(folder)
-        except OSError as exc:  # the new file is in place; its rename may not be durable yet
-            _name_destination(exc, dest)
-            raise
-    # Housekeeping only: the save itself has succeeded, whatever the folder says now.
-    with contextlib.suppress(OSError):
-        _stale_in(folder, prefix)
+    commit_temporary(temporary, durable=durable)
 
 
 @contextlib.contextmanager

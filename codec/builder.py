@@ -40,9 +40,23 @@ from .plan import (
     fast_path,
 )
 
-__all__ = ["build"]
+__all__ = ["build", "Reserved"]
 
 _CONST = CheckKind.CONST  # a module global: cheaper to reach than the enum's attribute
+
+
+class Reserved:
+    """A payload's place, in lieu of its values: ``count`` elements of ``dtype``.
+
+    Built into a layout stream (:mod:`.layout`), it advances the position by the payload's
+    bytes and tells the stream where they go, writing nothing.
+    """
+
+    __slots__ = ("count", "dtype")
+
+    def __init__(self, count: int, dtype: Any):
+        self.count = int(count)
+        self.dtype = np.dtype(dtype)
 
 
 def _builds_from_none(step: Any) -> bool:
@@ -223,6 +237,8 @@ class _Builder:
 
     def payload_array(self, array: Any, count: int, dtype: np.dtype, path: Path) -> Any:
         """Write one payload from the caller's memory (a copy only if it is strided)."""
+        if type(array) is Reserved:
+            return self.reserve(array, count, dtype, path)
         if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
             got = (
                 f"{array.dtype} array of {array.size} elements"
@@ -238,6 +254,23 @@ class _Builder:
                 array = np.ascontiguousarray(array)
             self.write(array.data)  # the array's own memory, any shape
         return array
+
+    def reserve(self, slot: Reserved, count: int, dtype: np.dtype, path: Path) -> Reserved:
+        """Leave room for a payload the caller writes later (a layout): its bytes are counted,
+        not written; the stream is told where they go."""
+        what = field_name(path)
+        if slot.count != count or np.dtype(slot.dtype) != dtype:
+            raise CheckpointError(
+                f"{what} takes {count} {dtype} elements, {slot.count} {slot.dtype} reserved",
+                field=what,
+            )
+        reserve = getattr(self.out, "reserve", None)
+        if reserve is None:
+            raise CheckpointError(f"{what}: a reserved payload needs a layout stream", field=what)
+        nbytes = count * dtype.itemsize
+        reserve(path, self.pos, nbytes)
+        self.pos += nbytes
+        return slot
 
     def leaf(self, sc: Any, obj: Any, ctx: Container, path: Path, buf: BinaryIO) -> Any:
         what = field_name(path)

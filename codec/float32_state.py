@@ -26,6 +26,7 @@ from .errors import (
 )
 from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
+from .layout import FileLayout, Reserved, layout_of_spec
 from .schema_check import check_shape_field
 from .source import FileStamp, PathOrFile, open_source
 from .walker import Path, Visitor, field_name, parse
@@ -39,6 +40,7 @@ __all__ = [
     "scan_float32_state",
     "scan_float32_sizes",
     "is_float32_state",
+    "float32_state_layout",
 ]
 
 _TENSOR_DTYPE = np.dtype(TENSOR_DTYPE)
@@ -289,3 +291,26 @@ def write_float32_state(
         raise UnsupportedFormatError(f"TLSF32B v{WRITTEN_VERSION} is not registered")
     with output(path) as f:
         build_spec(f, spec.struct, {"tensor_count": count, "tensors": _records(arrays)})
+
+
+def float32_state_layout(shapes: Sequence[Sequence[int]]) -> FileLayout:
+    """The layout of the ``TLSF32B`` file :func:`write_float32_state` writes for tensors of
+    ``shapes``: header bytes, and payload ``i``'s offset and size (``layout.payloads[i]``).
+
+    Raises:
+        CheckpointError: a shape the format cannot hold.
+    """
+    spec = registry.lookup(FLOAT32_STATE_MAGIC, WRITTEN_VERSION)
+    if spec is None:  # pragma: no cover - registered at import
+        raise UnsupportedFormatError(f"TLSF32B v{WRITTEN_VERSION} is not registered")
+    dims = [tuple(int(d) for d in shape) for shape in shapes]
+    records = (
+        {
+            "rank": len(shape),
+            "dims": shape,
+            "element_count": product(shape),
+            "payload": Reserved(product(shape), _TENSOR_DTYPE),
+        }
+        for shape in dims
+    )
+    return layout_of_spec(spec.struct, {"tensor_count": len(dims), "tensors": records})
