@@ -43,7 +43,7 @@ from .errors import (
 from .framed import check_trailing, read_framing
 from .schema import ParameterSchema
 from .schema_check import SchemaVisitorMixin
-from .source import PathOrFile, open_source
+from .source import FileStamp, PathOrFile, open_source
 from .walker import Path, Visitor, field_name, parse
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "AdamCheckpoint",
     "PayloadSink",
     "read_adam",
+    "validate_adam",
     "scan_adam",
     "write_adam",
     "select_version",
@@ -94,6 +95,8 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         self.entries: dict[int, AdamEntry] = {}
         #: Bytes of each entry's payloads, as the spec sized them (payloads skipped only).
         self.payload_bytes: dict[int, int] = {}
+        #: Each payload's position, by slot and field (payloads skipped only).
+        self.payload_offsets: dict[tuple[int, str], int] = {}
         self.fields: dict[str, Any] = {}
         self.init_schema_check(schema)
 
@@ -163,6 +166,10 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         for slot, step in zip(ids, steps):
             entries[slot] = AdamEntry(step, None, None)
             sizes[slot] = nbytes
+        for name, _at, _count, _dtype in batch.payloads:
+            places = self.payload_offsets
+            for slot, offset in zip(ids, batch.payload_offsets(name).tolist()):
+                places[(int(slot), name)] = offset
         return True
 
     def _check_dtype(self, offset: int) -> None:
@@ -255,6 +262,7 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         if self.skip_payloads:
             slot = int(ctx.id)
             self.payload_bytes[slot] = self.payload_bytes.get(slot, 0) + count * dtype.itemsize
+            self.payload_offsets[(slot, path[-1])] = offset
             return None
         if self.sink is not None:
             return self.sink.buffer(int(ctx.id), path[-1], count, dtype)
@@ -279,6 +287,7 @@ def _read(
         reader = _AdamReader(spec, schema, dtype, expected_config, sink, skip_payloads)
         parse(src, spec.struct, reader)
         check_trailing(src)
+    reader.stamp = src.stamp
     if reader.config is None:  # every registered Adam spec has a config; a toy might not
         raise CheckpointError(f"version {spec.version} has no config field")
     checkpoint = AdamCheckpoint(
@@ -330,6 +339,30 @@ def read_adam(
             f"dtype must be float32 or float64, got {dtype!r}", field="dtype", actual=dtype
         ) from None
     return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)[0]
+
+
+@names_the_file()
+def validate_adam(
+    path: PathOrFile,
+    schema: ParameterSchema,
+    *,
+    dtype: MomentDtype = MomentDtype.FLOAT32,
+    expected_config: AdamConfig | None = None,
+) -> tuple[AdamCheckpoint, dict[tuple[int, str], int], FileStamp]:
+    """:func:`read_adam`'s checks without reading a moment: the first pass of a load whose
+    payloads are read by position afterwards (each rank of a sharded load its own part).
+
+    Returns:
+        The checked file (moments ``None``), each moment payload's offset by ``(slot,
+        "m" | "v")``, and the file's stamp from before its first byte was read.
+
+    Raises:
+        CheckpointError: as :func:`read_adam`.
+        OSError: from the file system.
+    """
+    dtype = MomentDtype(dtype)
+    checkpoint, reader = _read(path, schema, dtype, expected_config, None, skip_payloads=True)
+    return checkpoint, reader.payload_offsets, reader.stamp
 
 
 @names_the_file()

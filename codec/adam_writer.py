@@ -21,11 +21,12 @@ from .atomic import output
 from .builder import build as build_spec
 from .config import AdamConfig
 from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
+from .layout import FileLayout, Reserved, layout_of_spec
 from .schema import ParameterSchema
 from .schema_check import schema_values
 from .source import PathOrFile
 
-__all__ = ["select_version", "write_adam"]
+__all__ = ["select_version", "write_adam", "adam_layout"]
 
 
 def select_version(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> int:
@@ -88,6 +89,116 @@ def _entry_records(
         }
 
 
+def _check_inputs(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> None:
+    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
+        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
+    if not isinstance(config, AdamConfig):
+        raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
+    config.validate()
+    if random_counter is not None and (
+        isinstance(random_counter, bool)
+        or not isinstance(random_counter, (int, np.integer))
+        or not 0 <= random_counter <= U64_MAX
+    ):
+        raise ConfigError(
+            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
+            field="random_counter",
+            actual=random_counter,
+        )
+
+
+def _check_slots(schema: ParameterSchema, have: set[int]) -> None:
+    want = set(schema.representative_slots)
+    if have != want:
+        missing, extra = sorted(want - have), sorted(have - want)
+        raise EntryError(
+            f"entries must cover exactly the representative slots {sorted(want)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; not representative {extra}" if extra else ""),
+            actual=sorted(have),
+            expected=sorted(want),
+        )
+
+
+def _spec(
+    schema: ParameterSchema, config: AdamConfig, random_counter: int | None, version: int | None
+) -> tuple[int, Any]:
+    """The version to write (FORMAT.md's selection, or the forced one) and its spec."""
+    chosen = select_version(schema, config, random_counter) if version is None else version
+    spec = registry.lookup(ADAM_MAGIC, chosen)
+    if spec is None:
+        raise CheckpointError(
+            f"unknown Adam version {chosen}; registered: {registry.known_versions(ADAM_MAGIC)}"
+        )
+    if not _fits(layout_of(spec.struct), schema, config, random_counter):
+        raise CheckpointError(f"version {chosen} cannot hold this state")
+    return chosen, spec
+
+
+def _values(
+    schema: ParameterSchema, config: AdamConfig, random_counter: int | None, records: Any
+) -> dict[str, Any]:
+    return {
+        "dtype_tag": config.dtype.tag,
+        "kind": int(config.kind),
+        "config": {
+            "beta1": config.beta1,
+            "beta2": config.beta2,
+            "epsilon": config.epsilon,
+            "weight_decay": config.weight_decay,
+        },
+        "counter_flag": 0 if random_counter is None else 1,
+        "random_counter": None if random_counter is None else int(random_counter),
+        **schema_values(schema),
+        "entry_count": schema.optimizer_state_count,
+        "entries": records,
+    }
+
+
+def adam_layout(
+    schema: ParameterSchema,
+    config: AdamConfig,
+    steps: Mapping[int, int],
+    random_counter: int | None = None,
+    *,
+    version: int | None = None,
+) -> tuple[int, FileLayout]:
+    """The version and the layout of the file :func:`write_adam` writes for entries with
+    these steps (payloads in file order: ``m`` then ``v`` of each representative slot, in
+    increasing slot order).
+
+    Args:
+        schema, config, random_counter, version: as for :func:`write_adam`.
+        steps: each representative slot's step.
+
+    Raises:
+        CheckpointError: what :func:`write_adam` raises for these inputs.
+    """
+    _check_inputs(schema, config, random_counter)
+    _check_slots(schema, set(steps))
+    dtype = config.dtype.numpy
+    for slot in schema.representative_slots:
+        step = steps[slot]
+        if (
+            isinstance(step, bool)
+            or not isinstance(step, (int, np.integer))
+            or not 1 <= step <= U64_MAX
+        ):
+            raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
+    chosen, spec = _spec(schema, config, random_counter, version)
+    records = (
+        {
+            "id": slot,
+            "step": int(steps[slot]),
+            "count": schema.element_count(slot),
+            "m": Reserved(schema.element_count(slot), dtype),
+            "v": Reserved(schema.element_count(slot), dtype),
+        }
+        for slot in schema.representative_slots
+    )
+    return chosen, layout_of_spec(spec.struct, _values(schema, config, random_counter, records))
+
+
 @names_the_file()
 def write_adam(
     path: PathOrFile,
@@ -118,32 +229,8 @@ def write_adam(
             beyond the previous file.
         OSError: from the file system.
     """
-    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
-        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
-    if not isinstance(config, AdamConfig):
-        raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
-    config.validate()
-    if random_counter is not None and (
-        isinstance(random_counter, bool)
-        or not isinstance(random_counter, (int, np.integer))
-        or not 0 <= random_counter <= U64_MAX
-    ):
-        raise ConfigError(
-            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
-            field="random_counter",
-            actual=random_counter,
-        )
-    want = set(schema.representative_slots)
-    have = set(entries.keys())
-    if have != want:
-        missing, extra = sorted(want - have), sorted(have - want)
-        raise EntryError(
-            f"entries must cover exactly the representative slots {sorted(want)}"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; not representative {extra}" if extra else ""),
-            actual=sorted(have),
-            expected=sorted(want),
-        )
+    _check_inputs(schema, config, random_counter)
+    _check_slots(schema, set(entries.keys()))
     dtype = config.dtype.numpy
     # A plain dict is already in memory: check all of it before the first byte is written.
     eager = isinstance(entries, dict)
@@ -151,30 +238,10 @@ def write_adam(
         for slot in schema.representative_slots:
             _check_entry(slot, entries[slot], schema, dtype)
 
-    chosen = select_version(schema, config, random_counter) if version is None else version
-    spec = registry.lookup(ADAM_MAGIC, chosen)
-    if spec is None:
-        raise CheckpointError(
-            f"unknown Adam version {chosen}; registered: {registry.known_versions(ADAM_MAGIC)}"
-        )
-    if not _fits(layout_of(spec.struct), schema, config, random_counter):
-        raise CheckpointError(f"version {chosen} cannot hold this state")
-
-    values = {
-        "dtype_tag": config.dtype.tag,
-        "kind": int(config.kind),
-        "config": {
-            "beta1": config.beta1,
-            "beta2": config.beta2,
-            "epsilon": config.epsilon,
-            "weight_decay": config.weight_decay,
-        },
-        "counter_flag": 0 if random_counter is None else 1,
-        "random_counter": None if random_counter is None else int(random_counter),
-        **schema_values(schema),
-        "entry_count": schema.optimizer_state_count,
-        "entries": _entry_records(entries, schema, dtype, checked=eager),
-    }
+    chosen, spec = _spec(schema, config, random_counter, version)
+    values = _values(
+        schema, config, random_counter, _entry_records(entries, schema, dtype, checked=eager)
+    )
     with output(path) as f:
         build_spec(f, spec.struct, values)
     return chosen

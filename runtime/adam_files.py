@@ -17,20 +17,23 @@ before the swap leaves the optimizer bit for bit as it was.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from ..codec.adam import AdamEntry, read_adam, write_adam
+from ..codec.adam import AdamCheckpoint, AdamEntry, read_adam, validate_adam, write_adam
+from ..codec.adam_writer import adam_layout
 from ..codec.config import float_bits
 from ..codec.errors import CheckpointError, ConfigError, EntryError
 from ..codec.source import PathOrFile
 from .adam_binding import AdamBinding, bind_adam, step_tensor, step_value
-from .dtensors import fingerprint, is_dtensor, like_dtensor, spec_of
+from .dtensors import fingerprint, is_dtensor, like_dtensor, local_tensor, spec_of
 from .placement import Placement, Receiver, Take
 from .plans import OptimizerPlan
+from .positional import read_pieces, save_pieces
 from .slots import ModuleOrParams
 from .tensors import HostBuffer, torch_dtype_of
 
@@ -155,6 +158,8 @@ def save(
         return _layout("save", binding, described)
 
     binding, steps, moments = placement.agree(check, layout)
+    if placement.parallel(path, "save", moments):
+        return _save_in_parallel(placement, binding, steps, moments, path, random_counter)
 
     def write(take: Take) -> int:
         entries = _Entries(binding, steps, take)
@@ -162,6 +167,25 @@ def save(
 
     version = placement.gather(moments, 2, write)  # one entry is m and v of a parameter
     return int(placement.share(version))
+
+
+def _save_in_parallel(
+    placement: Placement,
+    binding: AdamBinding,
+    steps: dict[int, int],
+    moments: list[torch.Tensor],
+    path: Any,
+    random_counter: int | None,
+) -> int:
+    """Every rank writes its own part of each moment (:mod:`.positional`)."""
+    schema, config = binding.slots.schema, binding.config
+    version, layout = placement.agree(lambda: adam_layout(schema, config, steps, random_counter))
+    # The moments are m and v of each slot in increasing slot order: the entries' order.
+    places = {(place.path[-2], place.path[-1]): place.offset for place in layout.payloads}
+    offsets = [places[(k, field)] for k in range(len(steps)) for field in _FIELDS]
+    staging = HostBuffer(pin=any(t.device.type == "cuda" for t in binding.slots.tensors))
+    save_pieces(path, layout, moments, lambda i, local: _host_moment(local, staging), offsets)
+    return version
 
 
 class _MomentSink:
@@ -219,6 +243,68 @@ def _new_state(
     return state
 
 
+def _unasked_counter(counter: int | None, restore_random_counter: bool) -> None:
+    if counter is not None and not restore_random_counter:
+        raise ConfigError(
+            f"the file holds a random counter ({counter}) and the caller has nowhere to put"
+            " it; pass restore_random_counter=True and restore it",
+            field="random_counter",
+            actual=counter,
+        )
+
+
+def _load_in_parallel(
+    placement: Placement,
+    optimizer: torch.optim.Optimizer,
+    binding: AdamBinding,
+    path: Any,
+    restore_random_counter: bool,
+) -> OptimizerPlan:
+    """Every rank checks the file itself, then reads its own part of each moment
+    (:mod:`.positional`); every rank agrees before the plan is made."""
+    slots = binding.slots
+    with contextlib.ExitStack() as stack:
+
+        def validate() -> tuple[BinaryIO, AdamCheckpoint, dict[tuple[int, str], int], Any]:
+            f = stack.enter_context(open(path, "rb"))
+            checkpoint, offsets, stamp = validate_adam(
+                f, slots.schema, dtype=binding.config.dtype, expected_config=binding.config
+            )
+            _unasked_counter(checkpoint.random_counter, restore_random_counter)
+            return f, checkpoint, offsets, stamp
+
+        def found(checked: tuple) -> bytes:
+            _, checkpoint, offsets, stamp = checked
+            steps = sorted((slot, entry.step) for slot, entry in checkpoint.entries.items())
+            return fingerprint(
+                sorted(offsets.items()), steps, checkpoint.random_counter, stamp.size
+            )
+
+        f, checkpoint, offsets, stamp = placement.agree(validate, found)
+        order = [(slot, field) for slot in slots.schema.representative_slots for field in _FIELDS]
+        tensors = [slots.tensors[slot] for slot, _ in order]
+        parts: dict[int, torch.Tensor] = {}
+
+        def keep(i: int, piece: np.ndarray) -> None:
+            slot, field = order[i]
+            device = local_tensor(tensors[i]).device
+            parts[2 * slot + _FIELDS[field]] = torch.from_numpy(piece).to(device)
+
+        placement.agree(
+            lambda: read_pieces(
+                f,
+                stamp,
+                [offsets[key] for key in order],
+                tensors,
+                binding.config.dtype.numpy,
+                keep,
+            )
+        )
+    steps = {slot: int(entry.step) for slot, entry in checkpoint.entries.items()}
+    state = placement.agree(lambda: _new_state(binding, steps, parts))
+    return OptimizerPlan(optimizer, state, checkpoint.random_counter)
+
+
 def plan_load(
     placement: Placement,
     optimizer: torch.optim.Optimizer,
@@ -240,6 +326,8 @@ def plan_load(
 
     binding = placement.agree(check, lambda b: _layout("load", b, restore_random_counter))
     items = [t for t in binding.slots.tensors for _ in _FIELDS]
+    if placement.parallel(path, "load", items):
+        return _load_in_parallel(placement, optimizer, binding, path, restore_random_counter)
     receiver = placement.receiver(items, in_order=False, on_device=True)
 
     def read() -> dict[str, Any]:
@@ -250,13 +338,7 @@ def plan_load(
             expected_config=binding.config,
             sink=_MomentSink(receiver),
         )
-        if checkpoint.random_counter is not None and not restore_random_counter:
-            raise ConfigError(
-                f"the file holds a random counter ({checkpoint.random_counter}) and the caller"
-                " has nowhere to put it; pass restore_random_counter=True and restore it",
-                field="random_counter",
-                actual=checkpoint.random_counter,
-            )
+        _unasked_counter(checkpoint.random_counter, restore_random_counter)
         steps = [[slot, entry.step] for slot, entry in checkpoint.entries.items()]
         return {"steps": steps, "counter": checkpoint.random_counter}
 

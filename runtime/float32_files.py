@@ -34,14 +34,17 @@ from torch.autograd.graph import increment_version
 from ..codec.errors import CheckpointError, PartialLoadError
 from ..codec.float32_state import (
     StateLayout,
+    float32_state_layout,
     read_float32_payloads,
     validate_float32_state,
     write_float32_state,
 )
 from ..codec.source import PathOrFile
-from .dtensors import local_tensor
+from ..formats.float32_state import TENSOR_DTYPE
+from .dtensors import fingerprint, local_tensor
 from .placement import Placement, Receiver, Take
-from .plans import Plan, committing, overwrite
+from .plans import Plan, StatePlan, committing, overwrite
+from .positional import read_pieces, save_pieces
 from .state_tensors import (
     ModuleOrTensors,
     NamedTensors,
@@ -55,6 +58,9 @@ from .state_tensors import (
 from .tensors import HostBuffer, check_convertible, from_file_dtype, to_file_dtype
 
 __all__ = ["save", "plan_load", "read_payloads"]
+
+#: The element type of every ``TLSF32B`` payload, as the positional reads want it.
+_FILE_DTYPE = np.dtype(TENSOR_DTYPE)
 
 
 def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
@@ -78,6 +84,17 @@ def save(placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrF
         return named
 
     named = placement.agree(check, lambda named: layout_of("TLSF32B save", named))
+    tensors = [t for _, t in named]
+    if placement.parallel(path, "save", tensors):
+        staging = HostBuffer(pin=any(t.is_cuda for t in tensors))
+        layout = float32_state_layout([tuple(t.shape) for t in tensors])
+        save_pieces(
+            path,  # type: ignore[arg-type]  # a path: parallel() says so
+            layout,
+            tensors,
+            lambda i, local: _host_float32(local, named[i][0], staging),
+        )
+        return
 
     def write(take: Take) -> None:
         staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
@@ -123,20 +140,31 @@ def plan_load(
     """
     with contextlib.ExitStack() as stack:
 
-        def check() -> tuple[NamedTensors, dict[int, int], _CheckedFile | None]:
+        def check() -> tuple[NamedTensors, dict[int, int]]:
             named = float32_named_state(module_or_tensors)
             placement.check(named)
             for name, t in named:
                 check_convertible(t.dtype, torch.float32, name)
-            copies = tied_copies(named)
-            if not placement.touches_file:
-                return named, copies, None
-            f = stack.enter_context(_opened(path))
-            return named, copies, (f, validate_float32_state(f, [tuple(t.shape) for _, t in named]))
+            return named, tied_copies(named)
 
-        named, copies, checked = placement.agree(
+        named, copies = placement.agree(
             check, lambda result: layout_of("TLSF32B load", result[0], result[1])
         )
+        parallel = placement.parallel(path, "load", [t for _, t in named])
+
+        def validate() -> _CheckedFile | None:
+            if not (parallel or placement.touches_file):
+                return None
+            f = stack.enter_context(_opened(path))
+            return f, validate_float32_state(f, [tuple(t.shape) for _, t in named])
+
+        # In parallel every rank validated the file itself: they must have found the same.
+        checked = placement.agree(
+            validate,
+            (lambda c: fingerprint(c[1].offsets, c[1].stamp.size)) if parallel else None,  # type: ignore[index]
+        )
+        if parallel:
+            return _read_own_pieces(placement, named, copies, *checked)  # type: ignore[misc]
         if not staged and placement.reads_in_place and checked is not None:
             _precheck(*checked, named, copies)
             return _InPlacePlan(*checked, named, copies, stack.pop_all())
@@ -145,6 +173,37 @@ def plan_load(
         sink = _Receiving(named, copies, sent, receiver)
         placement.transfer(receiver, lambda: read_payloads(*checked, sink))  # type: ignore[misc]
     return state_plan(named, sent, receiver)
+
+
+def _read_own_pieces(
+    placement: Placement,
+    named: NamedTensors,
+    copies: dict[int, int],
+    file: BinaryIO,
+    layout: StateLayout,
+) -> Plan:
+    """A staged load in parallel: each rank reads its own pieces, checks them (tied copies
+    against their originals' same pieces, integer values converting exactly), and every
+    rank agrees before anything is committed."""
+    sent = written(named, copies)
+    item = {record: k for k, record in enumerate(sent)}
+    ties = TieCheck(named, copies, keep=True)
+    parts: dict[int, torch.Tensor] = {}
+
+    def keep(record: int, piece: np.ndarray) -> None:
+        if record in ties.tied and ties.is_copy(record, piece):
+            return
+        name, t = named[record]
+        values = torch.from_numpy(piece)
+        if t.dtype != torch.float32:
+            values = from_file_dtype(values, t.dtype, name)  # exactly, or the load fails
+        parts[item[record]] = values
+
+    tensors = [t for _, t in named]
+    placement.agree(
+        lambda: read_pieces(file, layout.stamp, layout.offsets, tensors, _FILE_DTYPE, keep)
+    )
+    return StatePlan([(local_tensor(named[i][1]), parts[k]) for k, i in enumerate(sent)])
 
 
 class _Receiving:

@@ -17,7 +17,10 @@ The operations call a placement in this order:
    checked (:meth:`Placement.check` among them), and on the rank that
    :attr:`~Placement.touches_file` the file's checking pass. Every rank goes on, or every
    rank raises the same error.
-2. The transfer. A save: :meth:`Placement.gather` runs the writer (the codec) with each full
+2. The transfer. Where :meth:`Placement.parallel` says so (sharded, every rank seeing the
+   same file system), every rank writes or reads its own bytes of the file
+   (:mod:`.positional`) and the rest of this step is skipped. Else a save:
+   :meth:`Placement.gather` runs the writer (the codec) with each full
    tensor on demand. A load: a :meth:`Placement.receiver` for the new values, then
    :meth:`Placement.transfer` runs the reader, which reads each payload into
    :meth:`Receiver.buffer` and hands the new values to :meth:`Receiver.put`; each rank keeps
@@ -91,6 +94,18 @@ class Placement(Protocol):
 
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Refuse tensors this placement cannot move (a mesh that does not span the group)."""
+        ...
+
+    def parallel(self, path: Any, operation: str, tensors: list[torch.Tensor]) -> bool:
+        """Whether every rank reads or writes its own bytes of the file itself
+        (:mod:`.positional`) instead of the transfer below; collective where the placement
+        is (:func:`~.sharded_io.choose`). Always ``False`` for one process.
+
+        Args:
+            path: the caller's path or file object.
+            operation: ``"save"`` or ``"load"``.
+            tensors: the operation's tensors, in file order.
+        """
         ...
 
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:

@@ -75,6 +75,12 @@ class ShardedPlacement:
         for name, t in named:
             check_mesh(name, t)
 
+    def parallel(self, path: Any, operation: str, tensors: list[torch.Tensor]) -> bool:
+        from .positional import unsupported
+        from .sharded_io import choose
+
+        return choose(path, operation, unsupported(tensors))
+
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:
         result: Any = None
         error: BaseException | None = None

@@ -32,7 +32,7 @@ from .gather import GatherStream
 from .group import WRITER, check_mesh, is_writer, rank, row_shards, wire_device, world_size
 from .scatter import ScatterStream
 from .stream import writer_runs
-from .verdicts import broadcast_bytes, broadcast_json, share_verdict
+from .verdicts import all_agree, all_rows, broadcast_bytes, broadcast_json, share_verdict
 
 __all__ = [
     "WRITER",
@@ -43,6 +43,8 @@ __all__ = [
     "wire_device",
     "check_mesh",
     "share_verdict",
+    "all_rows",
+    "all_agree",
     "broadcast_bytes",
     "broadcast_json",
     "row_shards",

@@ -18,7 +18,7 @@ from ...codec import errors as checkpoint_errors
 from ...codec.errors import CheckpointError, SchemaMismatchError
 from .group import WRITER, rank, wire_device, world_size
 
-__all__ = ["share_verdict", "broadcast_bytes", "broadcast_json"]
+__all__ = ["share_verdict", "broadcast_bytes", "broadcast_json", "all_rows", "all_agree"]
 
 _ERROR_CLASSES: dict[str, type[CheckpointError]] = {
     name: cls
@@ -129,3 +129,19 @@ def broadcast_json(value: Any, source: int = WRITER) -> Any:
     """Collective: ``source``'s JSON value (ints up to 2^64 - 1, lists, strings) everywhere."""
     data = orjson.dumps(value) if rank() == source else None
     return orjson.loads(broadcast_bytes(data, source))
+
+
+def all_rows(row: bytes) -> list[bytes]:
+    """Collective: every rank's ``row`` (the same length on every rank), by rank."""
+    device = wire_device()
+    mine = torch.tensor(list(row), dtype=torch.uint8, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(world_size())]
+    dist.all_gather(everyone, mine)
+    return [bytes(t.cpu().tolist()) for t in everyone]
+
+
+def all_agree(ok: bool, digest: bytes = b"") -> bool:
+    """Collective: whether every rank is ``ok`` and every rank's ``digest`` (up to 32
+    bytes) is the same."""
+    rows = all_rows(bytes([bool(ok)]) + digest.ljust(32, b"\0")[:32])
+    return all(row[0] for row in rows) and len({row[1:] for row in rows}) == 1

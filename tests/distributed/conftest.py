@@ -1,7 +1,8 @@
 """Sharded-checkpoint tests: helpers importable, a ``distributed`` marker, and the groups.
 
-The checks run in two process groups (world sizes 2 and 3, gloo on 127.0.0.1), started
-once per session by the ``groups`` fixture: each group runs all of its checks in one go
+The checks run in process groups (world sizes 2 and 3, then 2 and 1 again for the files of
+the worlds before them; gloo on 127.0.0.1), started once per session by the ``groups``
+fixture: each group runs all of its checks in one go
 (start-up is the expensive part) and reports per rank; the tests then assert on those
 reports. The single-process side (world size 1) runs in the pytest process itself.
 Deselect with ``-m "not distributed"``.
@@ -43,6 +44,8 @@ CHECKS = {
         "rank_local_failures",
         "save_failures",
         "distribute_tensor_float64",
+        "both_paths",
+        "injected_failures",
     ],
 }
 
@@ -80,17 +83,19 @@ def _single_process_run(folder: Path) -> None:
 @pytest.fixture(scope="session")
 def groups(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run world size 1 here, then the 2- and 3-rank groups; their reports and timings."""
-    from sharded_support import launch
+    from sharded_support import LATER, launch
 
     workdir = tmp_path_factory.mktemp("sharded")
     start = time.perf_counter()
     _single_process_run(workdir / "w1")
     out: dict[str, Any] = {"workdir": workdir, "seconds": {1: time.perf_counter() - start}}
-    for world in (2, 3):
-        results, elapsed, output = launch(world, workdir, CHECKS[world])
+    runs: list[tuple[Any, int, list[str]]] = [(world, world, CHECKS[world]) for world in (2, 3)]
+    runs += [(label, world, checks) for label, (world, checks) in LATER.items()]
+    for label, world, checks in runs:
+        results, elapsed, output = launch(world, workdir, checks)
         if not any(results):  # nothing ran at all (say, the free port was taken): once more
-            results, elapsed, output = launch(world, workdir, CHECKS[world])
-        out[world] = results
-        out["seconds"][world] = elapsed
-        out[f"output{world}"] = output
+            results, elapsed, output = launch(world, workdir, checks)
+        out[label] = results
+        out["seconds"][label] = elapsed
+        out[f"output{label}"] = output
     return out

@@ -41,10 +41,18 @@ __all__ = [
     "plain_copy",
     "local_slice",
     "launch",
+    "LATER",
 ]
 
 #: Training steps before the checkpoint, and after it.
 K, N = 3, 3
+
+#: Groups started after those (label → world size, checks): they read the files of every
+#: world before them (3 → 2, 2 → 1 and 3 → 1 through a one-rank group) by both paths.
+LATER = {
+    "2 after 3": (2, ["both_paths", "injected_failures"]),
+    "1 rank": (1, ["both_paths", "injected_failures"]),
+}
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -140,6 +148,8 @@ def launch(
         combined output (for failure messages).
     """
     port = _free_port()
+    for rank in range(world):  # an earlier group's results in this world size are not ours
+        (workdir / f"results-w{world}-r{rank}.json").unlink(missing_ok=True)
     logs = []
     procs = []
     start = time.perf_counter()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from sharded_support import (
+    LATER,
     K,
     N,
     TiedNet,
@@ -32,11 +33,14 @@ pytestmark = pytest.mark.distributed
 WORLDS = [2, 3]
 
 
-def report(groups: dict[str, Any], world: int, name: str) -> list[dict[str, Any]]:
-    """Every rank's result of one check, after asserting that it ran everywhere."""
+def report(groups: dict[str, Any], world: Any, name: str) -> list[dict[str, Any]]:
+    """Every rank's result of one check, after asserting that it ran everywhere.
+
+    ``world``: the group's world size, or its label (``conftest.LATER``)."""
+    size = LATER[world][0] if world in LATER else world
     ranks = groups[world]
     results = [r.get(name) for r in ranks]
-    if len(ranks) != world or any(r is None or not r["ok"] for r in results):
+    if len(ranks) != size or any(r is None or not r["ok"] for r in results):
         errors = [r.get("error") if r else "missing" for r in results]
         pytest.fail(f"check {name} failed in world {world}: {errors}\n{groups[f'output{world}']}")
     return results
@@ -54,6 +58,7 @@ def test_sharded_files_are_byte_identical_to_single_process_files(groups, world)
         "mapping.tlsf32": True,
     }
     assert {r["version"] for r in results} == {4}  # tied float32 with a random counter
+    assert {r["model_route"] for r in results} == {"parallel"}  # the probe found /tmp shared
     # Slots, tied weights and frozen parameters as one process sees them, on every rank
     # (also on ranks whose shard of a tied or frozen parameter is empty).
     assert all(r["same_schema"] for r in results)
@@ -192,11 +197,17 @@ def test_exact_bits_of_dtypes_the_backend_does_not_carry(groups):
 
 
 def test_two_dimensional_meshes(groups):
-    """HSDP meshes (2x1 and 1x2): placements that take the general path both ways."""
+    """HSDP meshes (2x1 and 1x2), by both paths: the parallel one writes each piece from
+    the first replica holding it; the streaming one gathers."""
     for r in report(groups, 2, "hsdp_meshes"):
         for shape in ("2x1", "1x2"):
-            assert r[shape]["placements"] == "(Replicate(), Shard(dim=0))"
-            assert r[shape]["after_load"] == [] and r[shape]["after_training"] == []
+            for mode in ("auto", "rank0"):
+                run = r[f"{shape} {mode}"]
+                assert run["placements"] == "(Replicate(), Shard(dim=0))"
+                assert run["after_load"] == [] and run["after_training"] == []
+                # Model and optimizer, saved and loaded: in parallel (the replicas' first
+                # writes), or through rank 0 when forced.
+                assert run["routes"] == ["parallel" if mode == "auto" else "rank0"] * 4
 
 
 def test_rank0_memory_while_saving(groups, record_property):
@@ -218,3 +229,78 @@ def test_timings(groups, record_property):
     seconds = {k: round(v, 1) for k, v in groups["seconds"].items()}
     print(f"\nseconds per world size (1 = this process): {seconds}")
     record_property("seconds", seconds)
+
+
+#: The groups that run ``both_paths`` and ``injected_failures``, and the worlds whose files
+#: each finds from the groups before it (1: the single process; 2 and 3: the groups).
+PATH_GROUPS = {3: [1, 2], "2 after 3": [1, 3], "1 rank": [2, 3]}
+
+
+@pytest.mark.parametrize("label", list(PATH_GROUPS))
+def test_both_paths_write_single_process_bytes_and_load_exactly(groups, label):
+    """Parallel (probed and forced) and streamed (forced): byte identity, exact loads, and
+    resharding from every other world by both paths (3 -> 2, 1/2/3 -> 1 included)."""
+    results = report(groups, label, "both_paths")
+    world = len(results)
+    for r in results:
+        assert r["routes"] == {
+            "save auto": "parallel",
+            "load auto": "parallel",
+            "save rank0": "rank0",
+            "load rank0": "rank0",
+            "save parallel": "parallel",
+            "load parallel": "parallel",
+        }
+        assert r["identical"] == {"auto": True, "rank0": True, "parallel": True, "blind": True}
+        assert all(d == [] for d in r["loaded"].values()), r["loaded"]
+        expected = {
+            f"{source}->{world} {mode}"
+            for source in PATH_GROUPS[label]
+            for mode in ("auto", "rank0")
+        }
+        assert set(r["foreign"]) == expected
+        for name, outcome in r["foreign"].items():
+            assert outcome["differences"] == [], name
+            assert outcome["route"] == ("rank0" if name.endswith("rank0") else "parallel"), name
+        # One rank blind to the probe: the call goes through rank 0, and says why.
+        assert r["blind"] == [
+            "rank0",
+            "the ranks do not see the same file system",
+            "rank0",
+            "the ranks do not see the same file system",
+        ]
+        assert r["bad_setting"]["raised"] == "ConfigError"
+        assert "TLCKPT_SHARDED_IO" in r["bad_setting"]["message"]
+        assert r["never_written"] and r["leftovers"] == []
+        for mode in ("auto", "rank0"):
+            placed = r["placements"][mode]
+            assert placed["routes"] == ["parallel" if mode == "auto" else "rank0"] * 2
+            assert placed["loaded"], mode
+            if r is results[0]:
+                assert placed["identical"], mode
+    assert len({r["bad_setting"]["message"] for r in results}) == 1
+
+
+@pytest.mark.parametrize("label", list(PATH_GROUPS))
+def test_a_failure_on_any_rank_at_any_phase_of_a_parallel_save_or_load(groups, label):
+    results = report(groups, label, "injected_failures")
+    world = len(results)
+    phases = {"create", "headers", "fsync", "rename"}
+    phases |= {f"pwrite rank {r}" for r in range(world)}
+    phases |= {f"fsync rank {r}" for r in range(1, world)}
+    assert set(results[0]["saves"]) == phases
+    for phase in phases:
+        outcomes = [r["saves"][phase] for r in results]
+        assert {o["raised"] for o in outcomes} == {"OSError"}, (phase, outcomes)
+        assert len({o["message"] for o in outcomes}) == 1, (phase, outcomes)
+        assert "injected" in outcomes[0]["message"], (phase, outcomes)
+        assert outcomes[0]["message"].endswith("model.tlsf32'"), outcomes  # the destination
+        assert all(o["route"] == "parallel" for o in outcomes)
+        assert all(o["previous_intact"] and o["leftovers"] == [] for o in outcomes), phase
+    loads = {f"{what} rank {r}" for what in ("validate", "pread") for r in range(world)}
+    assert set(results[0]["loads"]) == loads
+    for phase in loads:
+        outcomes = [r["loads"][phase] for r in results]
+        assert {o["raised"] for o in outcomes} == {"OSError"}, (phase, outcomes)
+        assert len({o["message"] for o in outcomes}) == 1, (phase, outcomes)
+        assert all(o["unchanged"] and o["route"] == "parallel" for o in outcomes), phase
