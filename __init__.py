@@ -37,6 +37,8 @@ RUNTIME_NAMES = (
     "save_optimizer",
     "load_optimizer",
     "MissingRandomCounterWarning",
+    "last_sharded_io",
+    "ShardedIO",
 )
 
 

@@ -8,7 +8,7 @@ say. Words are serialised by orjson from the arrays' own memory, viewed as unsig
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import orjson
@@ -38,6 +38,19 @@ def _values_json(words: np.ndarray, native: np.dtype) -> Iterator[bytes]:
     yield b"]"
 
 
+def _counted(arrays: Iterator[np.ndarray], count: int) -> Iterator[np.ndarray]:
+    """``arrays``, refusing more or fewer than ``count`` of them."""
+    n = 0
+    for n, array in enumerate(arrays, 1):
+        if n > count:
+            break
+        yield array
+    if n != count:
+        raise CheckpointError(
+            f"{count} arrays announced, {'more' if n > count else n} given", field="arrays"
+        )
+
+
 @names_the_file()
 def write_state_bits(
     path: PathOrFile,
@@ -45,6 +58,7 @@ def write_state_bits(
     encoding: str | ScalarFormat,
     *,
     pretty: bool = True,
+    count: int | None = None,
 ) -> None:
     """Write arrays as exact-bits JSON model state.
 
@@ -63,6 +77,10 @@ def write_state_bits(
             full format tag (``"torchlean_state_binary_5_2_15_ieee_v1"``).
         pretty: indent the document, one line per tensor; ``False`` writes it compact.
             Either way any standard JSON reader accepts it.
+        count: with a count, ``arrays`` may be any iterable of that many arrays (a
+            generator): each is checked and written before the next is requested, so the
+            caller holds one at a time; a bad array or a wrong number of them then fails
+            the write midway, the old file untouched.
 
     Returns:
         None.
@@ -83,18 +101,25 @@ def write_state_bits(
             "arrays must be a sequence of arrays (one per state tensor), not one array",
             field="arrays",
         )
-    try:
-        items = list(arrays)
-    except TypeError:
-        raise CheckpointError(
-            f"arrays must be a sequence of arrays, got {type(arrays).__name__}", field="arrays"
-        ) from None
-    checked = [check_array(i, a, fmt) for i, a in enumerate(items)]
+    checked: Iterable[np.ndarray]
+    if count is None:
+        try:
+            items = list(arrays)
+        except TypeError:
+            raise CheckpointError(
+                f"arrays must be a sequence of arrays, got {type(arrays).__name__}",
+                field="arrays",
+            ) from None
+        checked = [check_array(i, a, fmt) for i, a in enumerate(items)]
+    else:
+        checked = _counted((check_array(i, a, fmt) for i, a in enumerate(arrays)), count)
     native = np.dtype(fmt.word_dtype).newbyteorder("=")  # what orjson serialises
     layout = PRETTY if pretty else COMPACT
     with output(path) as f:
         f.write(layout.start + orjson.dumps(fmt.tag) + layout.state)
+        written = 0
         for i, array in enumerate(checked):
+            written += 1
             shape, words = shape_and_words(array, fmt)
             f.write(layout.separator + layout.entry if i else layout.entry)
             f.write(b"[" + layout.dim_separator.join(b"%d" % d for d in shape) + b"]")
@@ -102,4 +127,4 @@ def write_state_bits(
             for piece in _values_json(words, native):
                 f.write(piece)
             f.write(layout.end_entry)
-        f.write(layout.end if checked else layout.end_empty)
+        f.write(layout.end if written else layout.end_empty)

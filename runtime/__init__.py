@@ -11,13 +11,16 @@ exception is opt-in: ``load_module_state(..., staged=False)`` copies straight in
 tensors and reports a file changed under it as a ``PartialLoadError``.
 
 Models and optimizers sharded with ``torch.distributed`` (FSDP2 ``fully_shard``, DTensors
-from ``distribute_tensor``) go through the same functions, called on every rank: rank 0
-reads or writes the one file, the same file one process would (:mod:`.sharded_placement`),
-so a checkpoint loads into any number of ranks.
+from ``distribute_tensor``) go through the same functions, called on every rank. The file is
+the one a single process would write, so a checkpoint loads into any number of ranks. When
+every rank sees the same file system, each rank writes and reads its own bytes of it
+(:mod:`.positional`); otherwise rank 0 reads or writes it and full tensors stream through it
+(:mod:`.sharded_placement`). :func:`last_sharded_io` says which path a call took.
 
 How the package is laid out: the public functions (:mod:`.module_state`, :mod:`.optimizer`)
 choose a placement (:mod:`.placement`: :mod:`.local_placement` or
-:mod:`.sharded_placement`, whose collectives are in :mod:`.collectives`) and run the
+:mod:`.sharded_placement`, whose collectives are in :mod:`.collectives`; a sharded call's
+path: :mod:`.io_choice`, :mod:`.sharded_io`, :mod:`.positional`) and run the
 operation, written once over it: :mod:`.float32_files` (``TLSF32B``), :mod:`.bits_files`
 (exact-bits JSON), :mod:`.adam_files` (``TLADAMF``). A load returns a plan; its commit
 (:mod:`.plans`) is the only place where live tensors or optimizer state are written.
@@ -35,6 +38,7 @@ from .module_state import (  # noqa: E402
     save_state_bits,
 )
 from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer  # noqa: E402
+from .sharded_io import ShardedIO, last_sharded_io  # noqa: E402
 from .slots import schema_of  # noqa: E402
 
 __all__ = [
@@ -46,4 +50,6 @@ __all__ = [
     "save_optimizer",
     "load_optimizer",
     "MissingRandomCounterWarning",
+    "last_sharded_io",
+    "ShardedIO",
 ]

@@ -1,9 +1,10 @@
 """Model state as exact-bits JSON: the save, and the load as a plan committed after.
 
 Both are written once over a :class:`~.placement.Placement`. The codec's JSON writer takes
-all arrays at once, and a JSON document is parsed whole: the writer holds the whole state
-while writing (gathered, when sharded; a single process's is the model), and the reader the
-whole document while reading; a load is always staged.
+one tensor at a time (sharded: gathered to rank 0 one at a time, so rank 0 holds one full
+tensor beyond its shards); a JSON document is parsed whole, so the reader holds the whole
+document while reading, and a load is always staged. JSON text has no offsets that follow
+from the schema: sharded JSON always goes through rank 0.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def save(
     )
 
     def write(take: Take) -> None:
-        arrays = []
-        for i, (name, _) in enumerate(named):
-            values = to_file_dtype(take(i), dtype, name).cpu().contiguous()
-            arrays.append(to_host(values))
-        write_state_bits(path, arrays, encoding, pretty=pretty)
+        arrays = (
+            to_host(to_file_dtype(take(i), dtype, name).cpu().contiguous())
+            for i, (name, _) in enumerate(named)
+        )
+        write_state_bits(path, arrays, encoding, pretty=pretty, count=len(named))
 
-    placement.gather([t for _, t in named], None, write)  # the writer keeps them all
+    # The writer asks for one tensor at a time and writes it before the next (sharded: rank
+    # 0 holds one gathered tensor); every value was checked on its rank before the first.
+    placement.gather([t for _, t in named], 1, write)
 
 
 def _file_values(

@@ -1,46 +1,33 @@
-"""Which path a sharded save or load takes, and the record of the one that ran.
+"""The path a sharded save or load took, as the caller can read it.
 
-Two paths move a sharded model's bytes:
+Two paths move a sharded model's bytes (:mod:`.io_choice` chooses, per call):
 
 * ``"parallel"`` — every rank writes and reads its own bytes of the one file
-  (:mod:`.positional`); taken when every rank sees the same file system;
+  (:mod:`.positional`), when every rank sees the same file system;
 * ``"rank0"`` — rank 0 alone opens the file, full tensors stream through it one at a time
-  (:mod:`.sharded_placement`); for ranks on different machines without a shared file
-  system, file objects, and placements the parallel path does not write.
-
-The choice is made per call, collectively, by a probe: for a save, rank 0 creates a uniquely
-named probe file in the destination's folder and every rank looks for it, with its content;
-for a load, every rank fingerprints the source file (size, modification time and a digest of
-its first 64 KiB) and the fingerprints must agree. The probe file is removed at once.
+  (:mod:`.sharded_placement`): ranks without a shared file system, file objects, placements
+  the parallel path does not write, or when forced.
 
 The environment variable ``TLCKPT_SHARDED_IO`` forces a path: ``parallel`` (no probe: for
 shared file systems the probe misjudges), ``rank0``, or ``auto`` (the default). If any rank
 asks for ``rank0``, that path runs. The path that ran is logged on rank 0 (logger
 ``tlckpt.sharded``, level INFO) and kept on every rank: :func:`last_sharded_io`.
+
+Nothing here imports ``torch.distributed``: single-process users never pay for it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import threading
 from dataclasses import dataclass
-from typing import Any
 
-from ..codec.errors import ConfigError
-from .collectives import all_agree, all_rows, broadcast_json, is_writer, share_verdict
-
-__all__ = ["ENV", "LOGGER", "ShardedIO", "last_sharded_io", "choose"]
+__all__ = ["ENV", "LOGGER", "ShardedIO", "last_sharded_io", "record"]
 
 #: The environment variable that forces a path: ``auto`` (default), ``parallel``, ``rank0``.
 ENV = "TLCKPT_SHARDED_IO"
 #: Where the path each sharded save or load took is logged (rank 0, INFO).
 LOGGER = logging.getLogger("tlckpt.sharded")
-
-_MODES = ("auto", "parallel", "rank0")
-_PROBE_PREFIX = ".tlckpt-probe-"
-_FINGERPRINT_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -66,124 +53,17 @@ _last = threading.local()
 def last_sharded_io() -> ShardedIO | None:
     """The path the last sharded save or load of this thread took (``None`` before one).
 
-    The save and load functions return what the API says; this is where a caller (or a
-    test) learns whether the ranks wrote and read their own bytes or went through rank 0.
+    The save and load functions return what they always returned; this is where a caller
+    (or a test) learns whether the ranks wrote and read their own bytes or went through
+    rank 0. Single-process calls do not change it.
     """
     return getattr(_last, "record", None)
 
 
-def _requested() -> str:
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if mode not in _MODES:
-        raise ConfigError(
-            f"{ENV}={mode!r}: expected one of {', '.join(_MODES)}",
-            field=ENV,
-            actual=mode,
-            expected=list(_MODES),
+def record(taken: ShardedIO, *, log: bool) -> None:
+    """Keep ``taken`` as this thread's last record; log it if ``log`` (rank 0)."""
+    _last.record = taken
+    if log:
+        LOGGER.info(
+            "sharded %s of %s: %s (%s)", taken.operation, taken.path, taken.route, taken.reason
         )
-    return mode
-
-
-def _save_probe(path: str) -> bool:
-    """Collective: whether every rank sees the file rank 0 creates in ``path``'s folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    created: list[str] | None = None
-    if is_writer():
-        token = os.urandom(16).hex()
-        name = f"{_PROBE_PREFIX}{token[:16]}"
-        try:
-            fd = os.open(
-                os.path.join(folder, name),
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                0o600,
-            )
-            try:
-                os.write(fd, token.encode())
-            finally:
-                os.close(fd)
-            created = [name, token]
-        except OSError:
-            created = None  # no folder, read-only, full: the streaming path reports it
-    shared = broadcast_json(created)
-    seen = False
-    if shared is not None:
-        seen = _sees(os.path.join(folder, shared[0]), shared[1].encode())
-    try:
-        return all_agree(seen)
-    finally:
-        if is_writer() and created is not None:
-            try:
-                os.unlink(os.path.join(folder, created[0]))
-            except OSError:
-                LOGGER.warning("could not remove the probe file %s", created[0])
-
-
-def _sees(probe: str, token: bytes) -> bool:
-    """Whether this rank reads ``token`` from ``probe`` (a test makes a rank blind)."""
-    try:
-        with open(probe, "rb") as f:
-            return f.read(len(token) + 1) == token
-    except OSError:
-        return False
-
-
-def _fingerprint(path: str) -> bytes:
-    """What this rank sees at ``path``: size, modification time, the first 64 KiB."""
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            head = f.read(_FINGERPRINT_BYTES)
-    except OSError:
-        return b""
-    return hashlib.sha256(repr((st.st_size, st.st_mtime_ns)).encode() + head).digest()
-
-
-def _load_probe(path: str) -> bool:
-    """Collective: whether every rank sees the same file at ``path``."""
-    mine = _fingerprint(path)
-    return all_agree(bool(mine), mine)
-
-
-def choose(path: Any, operation: str, unsupported: str | None) -> bool:
-    """Collective: whether this sharded ``operation`` takes the parallel path; recorded.
-
-    Args:
-        path: the caller's path or file object.
-        operation: ``"save"`` or ``"load"``.
-        unsupported: why the tensors cannot take the parallel path, or ``None``.
-
-    Raises:
-        ConfigError: on every rank, ``TLCKPT_SHARDED_IO`` holds something else than a mode.
-    """
-    error: BaseException | None = None
-    mode = "auto"
-    try:
-        mode = _requested()
-    except ConfigError as exc:
-        error = exc
-    share_verdict(error)
-    is_path = isinstance(path, (str, os.PathLike))
-    rows = all_rows(bytes([_MODES.index(mode), is_path]))
-    modes = {_MODES[row[0]] for row in rows}
-    forced_rank0 = "rank0" in modes  # any rank's wish for the streaming path wins
-    forced_parallel = "parallel" in modes
-    if not all(row[1] for row in rows):
-        route, reason = "rank0", "a file object is written through rank 0"
-    elif forced_rank0:
-        route, reason = "rank0", f"{ENV}=rank0"
-    elif unsupported is not None:
-        route, reason = "rank0", f"{unsupported} is moved through rank 0"
-    elif forced_parallel:
-        route, reason = "parallel", f"{ENV}=parallel"
-    else:
-        name = os.fsdecode(path)
-        shared = _save_probe(name) if operation == "save" else _load_probe(name)
-        if shared:
-            route, reason = "parallel", "every rank sees the same file system"
-        else:
-            route, reason = "rank0", "the ranks do not see the same file system"
-    record = ShardedIO(operation, os.fsdecode(path) if is_path else None, route, reason)
-    _last.record = record
-    if is_writer():
-        LOGGER.info("sharded %s of %s: %s (%s)", operation, record.path, route, reason)
-    return route == "parallel"

@@ -76,8 +76,8 @@ class ShardedPlacement:
             check_mesh(name, t)
 
     def parallel(self, path: Any, operation: str, tensors: list[torch.Tensor]) -> bool:
+        from .io_choice import choose
         from .positional import unsupported
-        from .sharded_io import choose
 
         return choose(path, operation, unsupported(tensors))
 

@@ -10,16 +10,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tlckpt.codec.errors import CheckpointError
+from tlckpt.codec.adam import validate_adam, write_adam
+from tlckpt.codec.adam_writer import adam_layout
+from tlckpt.codec.config import AdamConfig, AdamKind
+from tlckpt.codec.errors import CheckpointError, EntryError
 from tlckpt.codec.float32_state import (
     float32_state_layout,
     validate_float32_state,
     write_float32_state,
 )
 from tlckpt.codec.layout import Reserved, layout_of_spec
+from tlckpt.codec.schema import ParameterSchema
 from tlckpt.formats import registry
 from tlckpt.formats.float32_state import TENSORS, WRITTEN_VERSION
 from tlckpt.formats.framing import FLOAT32_STATE_MAGIC
+from tlckpt.testing.strategies import AdamState, adam_states
 
 
 def _assembled(layout, arrays) -> bytes:
@@ -96,3 +101,38 @@ def test_a_reserved_payload_cannot_be_written_to_a_real_file():
 
     with pytest.raises(CheckpointError, match="layout"):
         build(io.BytesIO(), spec, {"tensor_count": 1, "tensors": [record]})
+
+
+@settings(max_examples=40, deadline=None)
+@given(adam_states())
+def test_adam_layout_matches_a_real_write(state):
+    """Every version the selection picks (v2-v5: aliases, counters, float64), and the
+    positions the checking pass of a load finds."""
+    f = io.BytesIO()
+    version = write_adam(f, state.schema, state.config, state.entries, state.random_counter)
+    data = f.getvalue()
+    steps = {slot: entry.step for slot, entry in state.entries.items()}
+    chosen, layout = adam_layout(state.schema, state.config, steps, state.random_counter)
+    assert chosen == version
+    arrays = []
+    for slot in state.schema.representative_slots:
+        arrays += [state.entries[slot].m, state.entries[slot].v]
+    assert _assembled(layout, arrays) == data
+    _, offsets, _ = validate_adam(
+        io.BytesIO(data), state.schema, dtype=state.config.dtype, expected_config=state.config
+    )
+    found = [offsets[(slot, field)] for slot in state.schema.representative_slots for field in "mv"]
+    assert [p.offset for p in layout.payloads] == found
+
+
+def test_adam_layout_refuses_what_write_adam_refuses():
+    state = AdamState(
+        ParameterSchema([(2,)], [True]),
+        AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.0),
+        {},
+        None,
+    )
+    with pytest.raises(EntryError):
+        adam_layout(state.schema, state.config, {})
+    with pytest.raises(EntryError):
+        adam_layout(state.schema, state.config, {0: 0})

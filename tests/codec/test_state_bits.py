@@ -534,3 +534,23 @@ def test_caller_errors_before_any_write(
 def test_bad_expected_shapes(shapes: Any) -> None:
     with pytest.raises(CheckpointError, match="shape"):
         read_bytes(doc(), shapes)
+
+
+def test_a_counted_generator_is_written_one_array_at_a_time(tmp_path):
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.float32(-0.0).reshape(())]
+    write_state_bits(tmp_path / "list.json", arrays, "float32")
+    asked = []
+
+    def produce():
+        for i, a in enumerate(arrays):
+            asked.append(i)
+            yield a
+
+    write_state_bits(tmp_path / "gen.json", produce(), "float32", count=2)
+    assert (tmp_path / "gen.json").read_bytes() == (tmp_path / "list.json").read_bytes()
+    assert asked == [0, 1]
+    for wrong in (1, 3):
+        with pytest.raises(CheckpointError, match="announced"):
+            write_state_bits(tmp_path / "list.json", iter(arrays), "float32", count=wrong)
+        assert (tmp_path / "gen.json").read_bytes() == (tmp_path / "list.json").read_bytes()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -138,10 +138,19 @@ def _loopback() -> str | None:
 
 
 def launch(
-    world: int, workdir: Path, checks: list[str], timeout: float = 240.0
+    world: int,
+    workdir: Path,
+    checks: list[str],
+    timeout: float = 240.0,
+    script: Path | None = None,
+    cwd: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], float, str]:
     """Run ``sharded_worker.py`` on ``world`` ranks (gloo, 127.0.0.1, a free port), as
     ``torchrun`` would start them, and collect each rank's results.
+
+    ``script`` runs another program the same way instead (``cwd`` its folder, ``extra_env``
+    added to its environment; its results are its exit codes, as ``{"exit": code}``).
 
     Returns:
         One result mapping per rank (check name → result), the wall time, and the ranks'
@@ -166,6 +175,7 @@ def launch(
             # Large buffers come from mmap and go back to the system when freed, so the
             # resident-set peak measures what a save really holds at once.
             "MALLOC_MMAP_THRESHOLD_": "131072",
+            **(extra_env or {}),
         }
         loopback = _loopback()
         if loopback and "GLOO_SOCKET_IFNAME" not in env:
@@ -174,8 +184,11 @@ def launch(
         logs.append(log)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(HERE / "sharded_worker.py"), str(workdir), *checks],
+                [sys.executable, str(script)]
+                if script is not None
+                else [sys.executable, str(HERE / "sharded_worker.py"), str(workdir), *checks],
                 env=env,
+                cwd=cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -197,6 +210,8 @@ def launch(
         text = log.read().decode(errors="replace")
         log.close()
         output.append(f"--- rank {rank} (exit {procs[rank].returncode}) ---\n{text[-6000:]}")
+    if script is not None:
+        return [{"exit": p.returncode} for p in procs], elapsed, "\n".join(output)
     results = []
     for rank in range(world):
         path = workdir / f"results-w{world}-r{rank}.json"

@@ -633,7 +633,7 @@ def both_paths(ctx: dict[str, Any]) -> dict[str, Any]:
     each file equals a single process's; each loads back into fresh shards; the files of
     every world present (1, 2, 3) load by both paths; a rank that cannot see rank 0's probe
     (or sees another file) sends the call through rank 0; a bad setting is refused."""
-    import tlckpt.runtime.sharded_io as sharded_io
+    import tlckpt.runtime.io_choice as io_choice
 
     mesh = ctx["mesh"]
     folder = WORKDIR / f"paths-w{WORLD}"
@@ -674,10 +674,10 @@ def both_paths(ctx: dict[str, Any]) -> dict[str, Any]:
                 "differences": differences(model_state(fresh), expected),
             }
     # A rank that does not see rank 0's probe file, or sees another file at the path.
-    seen, fingerprinted = sharded_io._sees, sharded_io._fingerprint
+    seen, fingerprinted = io_choice._sees, io_choice._fingerprint
     if RANK == WORLD - 1:
-        sharded_io._sees = lambda probe, token: False
-        sharded_io._fingerprint = lambda path: b"another file" if WORLD > 1 else b""
+        io_choice._sees = lambda probe, token: False
+        io_choice._fingerprint = lambda path: b"another file" if WORLD > 1 else b""
     try:
         save_module_state(model, folder / "blind.tlsf32")
         blind_save = last_sharded_io()
@@ -685,7 +685,7 @@ def both_paths(ctx: dict[str, Any]) -> dict[str, Any]:
         load_module_state(fresh, folder / "blind.tlsf32")
         blind_load = last_sharded_io()
     finally:
-        sharded_io._sees, sharded_io._fingerprint = seen, fingerprinted
+        io_choice._sees, io_choice._fingerprint = seen, fingerprinted
     identical["blind"] = (folder / "blind.tlsf32").read_bytes() == (folder / "plain").read_bytes()
     loaded["blind"] = differences(model_state(fresh), saved)
     with route("sideways"):

@@ -1,0 +1,44 @@
+"""The guide's sharded example (docs/guide.md, "Sharded models (FSDP2)") runs as written, on
+two gloo ranks started as ``torchrun`` would, by both paths."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from sharded_support import launch
+
+pytestmark = pytest.mark.distributed
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+
+
+def sharded_example() -> str:
+    """The section's one ```py block (a program of its own: the page's ```python blocks run
+    in one process, this one needs a process group)."""
+    text = GUIDE.read_text(encoding="utf-8")
+    section = text.split("## Sharded models (FSDP2)\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```py\n(.*?)^```", section, re.M | re.S)
+    assert len(blocks) == 1, "the section holds one program"
+    return blocks[0]
+
+
+@pytest.mark.parametrize("mode", ["auto", "rank0"])
+def test_the_guide_example_runs_on_two_ranks(tmp_path, mode):
+    script = tmp_path / "train_sharded.py"
+    script.write_text(sharded_example(), encoding="utf-8")
+    results, _, output = launch(
+        2, tmp_path, [], script=script, cwd=tmp_path, extra_env={"TLCKPT_SHARDED_IO": mode}
+    )
+    assert [r["exit"] for r in results] == [0, 0], output
+    route = "parallel" if mode == "auto" else "rank0"
+    for rank in (0, 1):
+        assert f"rank {rank}: save {route}" in output, output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "log-w2-r0.txt",
+        "log-w2-r1.txt",
+        "model.tlsf32",
+        "opt.tladam",
+        "train_sharded.py",
+    ]
