@@ -1,4 +1,10 @@
-"""The sharded placement: DTensors across the default process group, one file on rank 0.
+"""The sharded placement: DTensors across the default process group, one file.
+
+Where every rank sees the same file system, an operation moves its payloads in parallel,
+each rank its own bytes of the file (:meth:`ShardedPlacement.parallel`, :mod:`.positional`);
+everything below describes the other path, through rank 0, which stays for ranks without a
+shared file system, file objects, exact-bits JSON and placements the parallel path does not
+write.
 
 An operation over this placement is a collective: every rank of the default process group
 calls it, in the same order; rank 0 alone opens the file, the one a single process holding

@@ -1,8 +1,12 @@
 """Sharded (FSDP2 / DTensor) models and optimizers through torch.distributed (gloo, CPU).
 
-World sizes 2 and 3 run as process groups (``conftest.groups``); world size 1 is this
-process. Directions: 1 → 2, 1 → 3 (a single-process file into shards), 2 → 2, 3 → 3
-(resume), 2 → 3 (resharding), 2 → 1 and 3 → 1 (into one process). The model is FSDP2
+World sizes 2 and 3 run as process groups (``conftest.groups``), then 2 again and a one-rank
+group (``LATER``); world size 1 is also this process. Directions: 1 → 2, 1 → 3 (a
+single-process file into shards), 2 → 2, 3 → 3 (resume), 2 → 3 and 3 → 2 (resharding),
+2 → 1 and 3 → 1 (into one process, and into a one-rank group). Sharded calls take the
+parallel path (every rank its own bytes) wherever the probe finds /tmp shared, which it is
+here; ``both_paths``, ``injected_failures``, ``hsdp_meshes`` and ``rank_local_failures``
+force the streaming path through rank 0 as well (``TLCKPT_SHARDED_IO=rank0``). The model is FSDP2
 ``fully_shard`` over a 1-D mesh (also HSDP 2-D meshes); DTensors from ``distribute_tensor``
 with ``Shard(0)``, ``Shard(1)`` and ``Replicate()`` placements cover the other layouts.
 """

@@ -1,0 +1,248 @@
+"""Sharded checkpoints: tlckpt against ``torch.distributed.checkpoint`` on FSDP2 state.
+
+Run from the repository root (it starts gloo groups on this machine)::
+
+    nice -n 10 .venv/bin/python -m bench.sharded [--worlds 2 3] [--sizes 32 128] [--reps 3]
+
+For each world size and model size (MiB of float32 parameters: ``Linear`` layers of 1024 x
+1024, each its own FSDP2 group, trained one AdamW step), every rank saves and loads the model
+and its optimizer with
+
+* tlckpt, parallel path (every rank writes and reads its own bytes of ``model.tlsf32`` and
+  ``opt.tladam``),
+* tlckpt, forced through rank 0 (``TLCKPT_SHARDED_IO=rank0``), the path before this one,
+* DCP (``dcp.save`` / ``dcp.load`` of ``get_state_dict(model, optimizer)``, then
+  ``set_state_dict``), one file per rank into a fresh folder,
+
+repetitions interleaved, ``os.sync()`` before each operation, a barrier before and after (the
+time is the slowest rank's). Rank 0's peak memory growth is its resident set's high-water mark
+during the operation minus its resident set just before (``/proc/self/clear_refs``), as
+``tests/distributed/measure_memory.py`` measures it. Prints a Markdown table of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+WIDTH = 1024
+MIB = 1 << 20
+METHODS = ["tlckpt", "tlckpt-rank0", "dcp"]
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+
+
+def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
+    from tlckpt.runtime.sharded_io import ENV, last_sharded_io
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    layers = max(1, size_mib * MIB // (WIDTH * WIDTH * 4))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, WIDTH)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+    def tl_save(mode: str | None) -> Any:
+        def run() -> None:
+            if mode:
+                os.environ[ENV] = mode
+            try:
+                save_module_state(model, folder / "model.tlsf32")
+                save_optimizer(opt, model, folder / "opt.tladam")
+            finally:
+                os.environ.pop(ENV, None)
+
+        return run
+
+    def tl_load(mode: str | None) -> Any:
+        def run() -> None:
+            if mode:
+                os.environ[ENV] = mode
+            try:
+                load_module_state(model, folder / "model.tlsf32")
+                load_optimizer(opt, model, folder / "opt.tladam")
+            finally:
+                os.environ.pop(ENV, None)
+
+        return run
+
+    def dcp_save() -> None:
+        model_state, optim_state = get_state_dict(model, opt)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder / "dcp")
+
+    def dcp_load() -> None:
+        model_state, optim_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=folder / "dcp")
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    operations = {
+        ("save", "tlckpt"): tl_save(None),
+        ("save", "tlckpt-rank0"): tl_save("rank0"),
+        ("save", "dcp"): dcp_save,
+        ("load", "tlckpt"): tl_load(None),
+        ("load", "tlckpt-rank0"): tl_load("rank0"),
+        ("load", "dcp"): dcp_load,
+    }
+    figures: list[dict[str, Any]] = []
+    routes: dict[str, str] = {}
+    for rep in range(reps):
+        for operation in ["save", "load"]:
+            for method in METHODS:
+                gc.collect()
+                if rank == 0:
+                    os.sync()
+                dist.barrier()
+                before = _status("VmRSS")
+                _reset_peak()
+                start = time.perf_counter()
+                operations[(operation, method)]()
+                dist.barrier()
+                seconds = time.perf_counter() - start
+                growth = _status("VmHWM") - before
+                if method.startswith("tlckpt"):
+                    record = last_sharded_io()
+                    routes[f"{operation} {method}"] = record.route if record else "?"
+                figures.append(
+                    {
+                        "rep": rep,
+                        "operation": operation,
+                        "method": method,
+                        "seconds": seconds,
+                        "rank0_growth": growth,
+                    }
+                )
+        if rank == 0:
+            shutil.rmtree(folder / "dcp", ignore_errors=True)  # a fresh folder for each save
+        dist.barrier()
+    files = {
+        "tlckpt": sum((folder / n).stat().st_size for n in ("model.tlsf32", "opt.tladam")),
+    }
+    if rank == 0:
+        params = sum(p.numel() * 4 for p in model.parameters())
+        out.write_text(
+            json.dumps({"figures": figures, "routes": routes, "params": params, "files": files})
+        )
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=tmp) as scratch:
+        folder = Path(scratch)
+        out = folder / "figures.json"
+        port = _free_port()
+        procs = []
+        for rank in range(world):
+            env = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "OMP_NUM_THREADS": "1",
+                "MALLOC_MMAP_THRESHOLD_": "131072",  # freed buffers leave the resident set
+                "GLOO_SOCKET_IFNAME": "lo",
+            }
+            args = ["--worker", str(folder), str(size_mib), str(reps), str(out)]
+            procs.append(subprocess.Popen([sys.executable, "-m", "bench.sharded", *args], env=env))
+        codes = [p.wait() for p in procs]
+        if any(codes) or not out.exists():
+            raise SystemExit(f"world {world}, {size_mib} MiB: the workers failed ({codes})")
+        return json.loads(out.read_text())
+
+
+def _table(results: list[tuple[int, int, dict[str, Any]]]) -> str:
+    lines = [
+        "| world | params MiB | operation | tlckpt s | tlckpt rank-0 path s | DCP s |"
+        " tlckpt / DCP | rank-0 growth MiB: tlckpt / rank-0 path / DCP |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for world, _, run in results:
+        for operation in ["save", "load"]:
+            med: dict[str, float] = {}
+            mem: dict[str, float] = {}
+            for method in METHODS:
+                rows = [
+                    f
+                    for f in run["figures"]
+                    if f["operation"] == operation and f["method"] == method
+                ]
+                med[method] = statistics.median(f["seconds"] for f in rows)
+                mem[method] = max(f["rank0_growth"] for f in rows) / MIB
+            lines.append(
+                f"| {world} | {run['params'] / MIB:.0f} | {operation} | {med['tlckpt']:.3f} |"
+                f" {med['tlckpt-rank0']:.3f} | {med['dcp']:.3f} |"
+                f" {med['tlckpt'] / med['dcp']:.2f} |"
+                f" {mem['tlckpt']:.1f} / {mem['tlckpt-rank0']:.1f} / {mem['dcp']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        folder, size, reps, out = sys.argv[2:6]
+        _worker(Path(folder), int(size), int(reps), Path(out))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 128], help="MiB of params")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tmp", default=None, help="parent of the scratch folders")
+    args = parser.parse_args()
+    results = []
+    for world in args.worlds:
+        for size in args.sizes:
+            run = _run(world, size, args.reps, args.tmp)
+            results.append((world, size, run))
+            print(f"world {world}, {size} MiB: routes {run['routes']}", flush=True)
+    print(_table(results))
+
+
+if __name__ == "__main__":
+    main()
