@@ -2,7 +2,8 @@
 probe of the file system, per call.
 
 For a save, rank 0 creates a uniquely named probe file in the destination's folder and every
-rank looks for it, with its content; the probe file is removed at once. For a load, every rank
+rank opens it (for writing too, as it will the save's temporary) and reads its content; the
+probe file is removed at once. For a load, every rank
 fingerprints the source file (size, modification time and a digest of its first 64 KiB) and
 the fingerprints must agree (no write: a read-only folder of checkpoints loads in parallel
 too). A rank that fails to probe (a folder it cannot see) simply votes no.
@@ -48,7 +49,7 @@ def _save_probe(path: str) -> bool:
             fd = os.open(
                 os.path.join(folder, name),
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                0o600,
+                0o666,  # the umask applies, as to the save's temporary
             )
             try:
                 os.write(fd, token.encode())
@@ -72,9 +73,10 @@ def _save_probe(path: str) -> bool:
 
 
 def _sees(probe: str, token: bytes) -> bool:
-    """Whether this rank reads ``token`` from ``probe`` (a test makes a rank blind)."""
+    """Whether this rank reads ``token`` from ``probe``, opened for writing too as the save's
+    temporary will be (a test makes a rank blind)."""
     try:
-        with open(probe, "rb") as f:
+        with open(probe, "r+b") as f:
             return f.read(len(token) + 1) == token
     except OSError:
         return False

@@ -113,7 +113,7 @@ def unsupported(tensors: Sequence[torch.Tensor]) -> str | None:
         if is_dtensor(t):
             for p in t.placements:
                 if type(p) not in (Shard, Replicate):
-                    return f"a {p} placement"
+                    return f"a {type(p).__name__} placement ({p})"
     return None
 
 

@@ -690,7 +690,20 @@ def both_paths(ctx: dict[str, Any]) -> dict[str, Any]:
     loaded["blind"] = differences(model_state(fresh), saved)
     with route("sideways"):
         bad_setting = attempt(lambda: save_module_state(model, folder / "never.tlsf32"))
+    # A placement the parallel path does not write (Partial: a sum the save reduces).
+    from torch.distributed.tensor import Partial
+
+    partial = DTensor.from_local(torch.ones(3), mesh, [Partial()], run_check=False)
+    save_module_state([partial], folder / "partial.tlsf32")
+    partial_save = last_sharded_io()
+    on_writer(lambda: save_module_state([torch.full((3,), float(WORLD))], folder / "summed"))
+    dist.barrier()
     return {
+        "partial": [
+            partial_save.route,
+            partial_save.reason,
+            (folder / "partial.tlsf32").read_bytes() == (folder / "summed").read_bytes(),
+        ],
         "placements": placements_by_both_paths(mesh, folder),
         "routes": routes,
         "identical": identical,

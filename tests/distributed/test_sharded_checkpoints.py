@@ -276,6 +276,8 @@ def test_both_paths_write_single_process_bytes_and_load_exactly(groups, label):
         assert r["bad_setting"]["raised"] == "ConfigError"
         assert "TLCKPT_SHARDED_IO" in r["bad_setting"]["message"]
         assert r["never_written"] and r["leftovers"] == []
+        reason = "a Partial placement (P(sum)) is moved through rank 0"
+        assert r["partial"] == ["rank0", reason, True]
         for mode in ("auto", "rank0"):
             placed = r["placements"][mode]
             assert placed["routes"] == ["parallel" if mode == "auto" else "rank0"] * 2
