@@ -41,28 +41,9 @@ from typing import Any
 
 import torch
 
+from tlckpt.testing.models import TiedNet, train
+
 from .mutators import apply, describe, systematic
-
-VOCAB, WIDTH = 7, 4
-
-
-class TiedNet(torch.nn.Module):
-    """Embedding ↔ head tied, a frozen layer, BatchNorm (running stats, int64 counter)."""
-
-    def __init__(self, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, WIDTH)
-        self.norm = torch.nn.BatchNorm1d(WIDTH)
-        self.frozen = torch.nn.Linear(WIDTH, WIDTH)
-        self.frozen.requires_grad_(False)
-        self.mix = torch.nn.Linear(WIDTH, WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
-        self.head.weight = self.emb.weight
-        self.to(dtype)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.norm(self.emb(tokens))
-        return self.head(torch.tanh(self.mix(self.frozen(h))))
 
 
 @dataclass(frozen=True)
@@ -100,13 +81,7 @@ def build(variant: Variant, seed: int = 0) -> tuple[TiedNet, torch.optim.Optimiz
     model = TiedNet(variant.dtype).to(variant.device)
     cls = torch.optim.Adam if variant.kind == "adam" else torch.optim.AdamW
     opt = cls(model.parameters(), lr=1e-2, **dict(variant.options))
-    g = torch.Generator().manual_seed(seed + 1)
-    for _ in range(3):
-        x = torch.randint(0, VOCAB, (6,), generator=g).to(variant.device)
-        y = torch.randint(0, VOCAB, (6,), generator=g).to(variant.device)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    train(model, opt, 0, 3, variant.device)
     return model, opt
 
 

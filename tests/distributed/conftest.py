@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from tlckpt.testing.models import default_dtype
+
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
@@ -55,13 +57,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _single_process_run(folder: Path) -> None:
     """World size 1: the reference run and its files, in this process."""
-    from sharded_support import K, N, TiedNet, make_adam, snapshot, train
+    from sharded_support import K, N, snapshot
 
     from tlckpt.runtime import save_module_state, save_optimizer, save_state_bits
+    from tlckpt.testing.models import TiedNet, make_adam, train
 
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
+    with default_dtype(torch.float32):
         folder.mkdir()
         torch.manual_seed(0)
         model = TiedNet()
@@ -73,8 +74,6 @@ def _single_process_run(folder: Path) -> None:
         torch.save(snapshot(model, opt), folder / "saved.pt")
         train(model, opt, K, N)
         torch.save(snapshot(model, opt), folder / "continued.pt")
-    finally:
-        torch.set_default_dtype(before)
 
 
 @pytest.fixture(scope="session")

@@ -30,14 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sharded_support import (
     K,
     N,
-    TiedNet,
     differences,
     local_slice,
-    make_adam,
     max_difference,
     plain_copy,
     snapshot,
-    train,
 )
 
 from tlckpt.runtime import (
@@ -51,6 +48,8 @@ from tlckpt.runtime import (
 )
 from tlckpt.runtime.collectives import scatter
 from tlckpt.runtime.dtensors import local_tensor
+from tlckpt.testing.bitwise import same
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -87,8 +86,6 @@ def local_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torc
 
 
 def unchanged(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
-    from sharded_support import same
-
     return len(before) == len(after) and all(same(a, b) for a, b in zip(before, after))
 
 

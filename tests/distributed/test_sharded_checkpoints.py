@@ -13,19 +13,10 @@ from typing import Any
 
 import pytest
 import torch
-from sharded_support import (
-    K,
-    N,
-    TiedNet,
-    differences,
-    make_adam,
-    max_difference,
-    plain_copy,
-    snapshot,
-    train,
-)
+from sharded_support import K, N, differences, max_difference, plain_copy, snapshot
 
 from tlckpt.runtime import load_module_state, load_optimizer, load_state_bits, schema_of
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 pytestmark = pytest.mark.distributed
 

@@ -8,14 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    TiedNet,
-    make_adam,
-    optimizer_unchanged,
-    snapshot_optimizer,
-    step_once,
-    train,
-)
+from runtime_support import step_once
 
 from tlckpt.codec import (
     AdamConfig,
@@ -35,6 +28,8 @@ from tlckpt.runtime import (
     save_optimizer,
     schema_of,
 )
+from tlckpt.testing.bitwise import optimizer_unchanged, snapshot_optimizer
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 
 @pytest.fixture
