@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from tlckpt.testing.bitwise import same
 from tlckpt.testing.models import TiedNet, train
 
 from .mutators import apply, describe, systematic
@@ -131,16 +132,10 @@ def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
+    """Snapshot parts equal: sequences item by item, tensors (raw bytes) bit for bit."""
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
+    return same(a, b)
 
 
 def differences(before: dict, after: dict) -> list[str]:
