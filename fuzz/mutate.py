@@ -39,7 +39,6 @@ import hashlib
 import itertools
 import json
 import multiprocessing as mp
-import os
 import random
 import sys
 import time
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from .bounds import TIME_BOUND_S, MiB, Outcome, limit_address_space, measure, retime
+from .command import campaign_parser, exit_with
 from .mutators import apply, describe, field_map, random_specs, record_kind, systematic
 from .seeds import REPO, Seed, all_seeds, format_keys, generated_seeds, readers, vector_seeds
 
@@ -636,11 +636,7 @@ def _print(report: dict, campaign: Campaign) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.mutate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("mutate", __doc__)
     parser.add_argument(
         "--minutes",
         type=float,
@@ -695,5 +691,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

@@ -27,11 +27,8 @@ Exit status: 0 if nothing escaped and nothing changed, else 1.
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import struct
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -44,6 +41,7 @@ import torch
 from tlckpt.testing.bitwise import same
 from tlckpt.testing.models import TiedNet, train
 
+from .command import campaign_parser, exit_with
 from .mutators import apply, describe, systematic
 
 
@@ -307,11 +305,7 @@ def _finding(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.runtime_hostile",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("runtime_hostile", __doc__)
     parser.add_argument(
         "--per-file",
         type=int,
@@ -356,5 +350,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)
