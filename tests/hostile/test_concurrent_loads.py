@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_support import fuzz_module, last_json, run_campaign
+from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
 from tlckpt.codec import (
@@ -241,11 +241,9 @@ def test_json_staged_false_is_the_same_staged_load(tmp_path: Path) -> None:
 
 
 def test_loads_racing_a_second_process_never_mix(tmp_path: Path) -> None:
-    proc = run_campaign(
+    report, proc = campaign_report(
         ["fuzz.load_races", "--loads", "240", "--quiet", "--dir", str(tmp_path)], timeout=240
     )
-    report = last_json(proc.stdout)
-    assert report, proc.stdout + proc.stderr[-3000:]
     assert report["failures"] == [], report
     assert report["silent_mixes"] == 0
     assert report["loads"] == 240

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hostile_support import REPO, child_env
+from hostile_support import run_python
 
 from tlckpt import codec
 from tlckpt.codec import (
@@ -369,15 +369,7 @@ def _read_only_folder_run() -> str:
         write_float32_state(folder / "ckpt.tlsf32", [np.zeros(10, np.float32)])
         (folder / "ckpt.tlsf32").chmod(0o644)
         folder.chmod(0o555)
-        proc = subprocess.run(
-            [sys.executable, "-c", _UNPRIVILEGED, str(folder), str(ids[0]), str(ids[1])],
-            cwd=REPO,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = run_python(["-c", _UNPRIVILEGED, str(folder), str(ids[0]), str(ids[1])], 120)
         if proc.returncode and "Permission denied" in proc.stderr and "import" in proc.stderr:
             pytest.skip(f"the unprivileged user cannot import the library: {proc.stderr[-300:]}")
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_support import fuzz_module, last_json, run_campaign
+from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
 from tlckpt.runtime import bits_files, float32_files, plans
@@ -169,12 +169,10 @@ def test_sharded_commit_holds_interrupts_back() -> None:
 
 
 def test_sigint_at_random_moments_never_leaves_a_mix(tmp_path: Path) -> None:
-    proc = run_campaign(
+    report, proc = campaign_report(
         ["fuzz.load_interrupts", "--trials", "240", "--quiet", "--dir", str(tmp_path)],
         timeout=240,
     )
-    report = last_json(proc.stdout)
-    assert report, proc.stdout + proc.stderr[-3000:]
     assert report["failures"] == [], report
     assert report["mixes"] == 0
     assert report["trials"] == 240
