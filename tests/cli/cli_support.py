@@ -36,17 +36,8 @@ DESTINATION_ONLY = {
     "bad_bits_extra_tensor.json",
 }
 
-VALID = [
-    (section, e) for section in ("adam", "float32_state", "state_bits") for e in MANIFEST[section]
-]
-INVALID = MANIFEST["invalid"]
-
-#: Parametrises ``section`` and ``vector`` with every valid vector (ids: the file names).
-each_valid_vector = pytest.mark.parametrize(
-    ("section", "vector"), VALID, ids=[e["file"] for _, e in VALID]
-)
-#: Parametrises ``vector`` with every invalid vector (ids: the file names).
-each_invalid_vector = pytest.mark.parametrize("vector", INVALID, ids=[e["file"] for e in INVALID])
+#: The manifest's sections of valid vectors (``@pytest.mark.vectors(*VALID_SECTIONS)``).
+VALID_SECTIONS = ("adam", "float32_state", "state_bits")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
@@ -74,3 +65,12 @@ def one_line_rejection(err: str, error_class: str | None = None) -> str:
     if error_class is not None:
         assert lines[0].startswith(f"tlckpt: {error_class}: "), lines[0]
     return lines[0]
+
+
+def refused(capsys: pytest.CaptureFixture[str], error_class: str | None, *argv: Any) -> str:
+    """``tlckpt ARGV`` in-process, which must fail (exit 1) with a one-line rejection naming
+    ``error_class`` (if given); its stderr."""
+    code, _, err = run(capsys, *argv)
+    assert code == 1, err
+    one_line_rejection(err, error_class)
+    return err

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_support import (
-    one_line_rejection,
+    refused,
     run,
 )
 from safetensors import safe_open
@@ -45,9 +45,7 @@ def test_convert_foreign_safetensors_into_a_positional_file_needs_an_order(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str
 ) -> None:
     src = _foreign_safetensors(tmp_path)
-    code, _, err = run(capsys, "convert", src, tmp_path / target)
-    assert code == 1
-    one_line_rejection(err, "CheckpointError")
+    err = refused(capsys, "CheckpointError", "convert", src, tmp_path / target)
     assert str(src) in err and "tlckpt.order" in err and "--names-from" in err
     assert not (tmp_path / target).exists()
     # Named targets need no order: names travel with the tensors.
@@ -90,9 +88,7 @@ def test_convert_names_from_must_name_exactly_the_files_tensors(
     src = _foreign_safetensors(tmp_path)
     (tmp_path / "order.txt").write_text("\n".join(names))
     argv = ("convert", src, tmp_path / "x.tlsf32", "--names-from", tmp_path / "order.txt")
-    code, _, err = run(capsys, *argv)
-    assert code == 1
-    one_line_rejection(err, error)
+    err = refused(capsys, error, *argv)
     assert message in err, err
     assert not (tmp_path / "x.tlsf32").exists()
 
@@ -101,9 +97,9 @@ def test_convert_names_from_a_foreign_safetensors_is_no_order_either(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     src = _foreign_safetensors(tmp_path)
-    code, _, err = run(capsys, "convert", src, tmp_path / "x.tlsf32", "--names-from", src)
-    assert code == 1
-    one_line_rejection(err, "CheckpointError")
+    err = refused(
+        capsys, "CheckpointError", "convert", src, tmp_path / "x.tlsf32", "--names-from", src
+    )
     assert "order is not known" in err
 
 

@@ -4,14 +4,14 @@ the valid ones, a one-line rejection naming the file on the invalid ones."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from cli_support import (
     DESTINATION_ONLY,
     MANIFEST,
+    VALID_SECTIONS,
     VECTORS_DIR,
-    each_invalid_vector,
-    each_valid_vector,
     one_line_rejection,
     run,
     run_ok,
@@ -19,8 +19,10 @@ from cli_support import (
 
 import tlckpt
 
+VALID = [(section, e) for section in VALID_SECTIONS for e in MANIFEST[section]]
 
-@each_valid_vector
+
+@pytest.mark.parametrize(("section", "vector"), VALID, ids=[e["file"] for _, e in VALID])
 def test_inspect_valid_vector(
     capsys: pytest.CaptureFixture[str], section: str, vector: dict
 ) -> None:
@@ -63,9 +65,11 @@ def test_inspect_json_reports_schema_and_entries(capsys: pytest.CaptureFixture[s
     assert info["config"]["beta1"]["bits"] == vector["config"]["beta1_bits"]
 
 
-@each_invalid_vector
-def test_inspect_invalid_vector(capsys: pytest.CaptureFixture[str], vector: dict) -> None:
-    code, out, err = run(capsys, "inspect", VECTORS_DIR / vector["file"])
+@pytest.mark.vectors("invalid")
+def test_inspect_invalid_vector(
+    capsys: pytest.CaptureFixture[str], vector: dict, vector_path: Path
+) -> None:
+    code, out, err = run(capsys, "inspect", vector_path)
     if vector["file"] in DESTINATION_ONLY:
         assert (code, err) == (0, "")
     else:

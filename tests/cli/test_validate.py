@@ -13,33 +13,30 @@ import torch
 from cli_support import (
     CLASS_OF_CATEGORY,
     DESTINATION_ONLY,
+    VALID_SECTIONS,
     VECTORS_DIR,
-    each_invalid_vector,
-    each_valid_vector,
     one_line_rejection,
+    refused,
     run,
     run_ok,
 )
 from safetensors.torch import save_file
 
 
-@each_valid_vector
-def test_validate_valid_vector(
-    capsys: pytest.CaptureFixture[str], section: str, vector: dict
-) -> None:
-    path = VECTORS_DIR / vector["file"]
-    out = run_ok(capsys, "validate", path)
-    assert out.startswith(f"{path}: ok (") and out.count("\n") == 1
+@pytest.mark.vectors(*VALID_SECTIONS)
+def test_validate_valid_vector(capsys: pytest.CaptureFixture[str], vector_path: Path) -> None:
+    out = run_ok(capsys, "validate", vector_path)
+    assert out.startswith(f"{vector_path}: ok (") and out.count("\n") == 1
     # A file fits the destination it describes itself.
-    out = run_ok(capsys, "validate", path, "--against", path)
-    assert f"fits {path}" in out
+    out = run_ok(capsys, "validate", vector_path, "--against", vector_path)
+    assert f"fits {vector_path}" in out
 
 
-@each_invalid_vector
+@pytest.mark.vectors("invalid")
 def test_validate_invalid_vector(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, vector: dict
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, vector: dict, vector_path: Path
 ) -> None:
-    path = VECTORS_DIR / vector["file"]
+    path = vector_path
     code, out, err = run(capsys, "validate", path)
     if vector["file"] in DESTINATION_ONLY:
         assert (code, err) == (0, "")
@@ -97,9 +94,8 @@ def test_validate_against_model_state_files(
     assert run(capsys, "convert", tmp_path / "ref.pt", tmp_path / "ordered.safetensors")[0] == 0
     assert run(capsys, "validate", basic, "--against", tmp_path / "ordered.safetensors")[0] == 0
     torch.save({k: v.double() for k, v in state.items()}, tmp_path / "f64.pt")
-    code, _, err = run(capsys, "validate", basic, "--against", tmp_path / "f64.pt")
-    assert code == 1
-    one_line_rejection(err, "ConfigError")  # TLSF32B into a float64 model
+    # TLSF32B into a float64 model
+    refused(capsys, "ConfigError", "validate", basic, "--against", tmp_path / "f64.pt")
 
 
 @pytest.mark.parametrize(
@@ -121,17 +117,18 @@ def test_validate_bad_description(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, description: str, message: str
 ) -> None:
     (tmp_path / "d.json").write_text(description)
-    code, _, err = run(
-        capsys, "validate", VECTORS_DIR / "state_basic.tlsf32", "--against", tmp_path / "d.json"
+    err = refused(
+        capsys,
+        "MalformedError",
+        "validate",
+        VECTORS_DIR / "state_basic.tlsf32",
+        "--against",
+        tmp_path / "d.json",
     )
-    assert code == 1
-    one_line_rejection(err, "MalformedError")
     assert message in err and "d.json" in err
 
 
 def test_missing_file_is_a_one_line_rejection(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, _, err = run(capsys, "validate", tmp_path / "nope.tladam")
-    assert code == 1
-    one_line_rejection(err, "FileNotFoundError")
+    refused(capsys, "FileNotFoundError", "validate", tmp_path / "nope.tladam")
