@@ -27,7 +27,33 @@ from tlckpt.testing.models import TiedNet, make_adam
 
 HERE = Path(__file__).resolve().parent
 
+#: The checks each world size runs, in order (see ``sharded_worker.py``).
+CHECKS_OF_WORLD = {
+    2: [
+        "sharded_run",
+        "resume_same_world",
+        "single_process_file_into_shards",
+        "corrupted_files",
+        "rank_local_failures",
+        "save_failures",
+        "exact_bits_dtypes",
+        "hsdp_meshes",
+        "memory",
+    ],
+    3: [
+        "sharded_run",
+        "resume_same_world",
+        "single_process_file_into_shards",
+        "other_world_into_shards",
+        "corrupted_files",
+        "rank_local_failures",
+        "save_failures",
+        "distribute_tensor_float64",
+    ],
+}
+
 __all__ = [
+    "CHECKS_OF_WORLD",
     "K",
     "N",
     "full",
