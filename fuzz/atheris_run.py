@@ -226,7 +226,7 @@ def _reproduce(target: str, files: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = campaign_parser("atheris_run", __doc__)
+    parser = campaign_parser("atheris_run", __doc__, seed=1)
     parser.add_argument(
         "--target",
         choices=TARGETS,
@@ -235,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=None, help="fixed run count instead")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument(
         "--line-coverage",

@@ -22,13 +22,28 @@ from typing import Any
 __all__ = ["campaign_parser", "add_folder_options", "run_in_folder", "exit_with"]
 
 
-def campaign_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of ``python -m fuzz.<name>``, its help the module docstring ``doc``."""
-    return argparse.ArgumentParser(
+def campaign_parser(name: str, doc: str | None, seed: int | None = None) -> argparse.ArgumentParser:
+    """The parser of ``python -m fuzz.<name>``, its help the module docstring ``doc``.
+
+    Args:
+        name: the campaign's module name.
+        doc: its docstring, shown by ``--help``.
+        seed: if given, the default of a ``--seed`` option (the campaign's random seed, so
+            that a run can be repeated).
+
+    Returns:
+        The parser, for the campaign to add its own options.
+    """
+    parser = argparse.ArgumentParser(
         prog=f"python -m fuzz.{name}",
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    if seed is not None:
+        parser.add_argument(
+            "--seed", type=int, default=seed, help="random seed (default: %(default)s)"
+        )
+    return parser
 
 
 def add_folder_options(parser: argparse.ArgumentParser, quiet: bool = True) -> None:

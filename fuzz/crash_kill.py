@@ -298,10 +298,9 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = campaign_parser("crash_kill", __doc__)
+    parser = campaign_parser("crash_kill", __doc__, seed=9)
     parser.add_argument("--trials", type=int, default=120)
     parser.add_argument("--size-mb", type=float, default=64.0)
-    parser.add_argument("--seed", type=int, default=9)
     add_folder_options(parser)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)

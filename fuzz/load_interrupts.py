@@ -223,9 +223,8 @@ def run(trials: int, rng: random.Random, work: Path, quiet: bool = False) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = campaign_parser("load_interrupts", __doc__)
+    parser = campaign_parser("load_interrupts", __doc__, seed=11)
     parser.add_argument("--trials", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=11)
     add_folder_options(parser)
     parser.add_argument("--child", nargs=2, metavar=("SPLIT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -283,9 +283,8 @@ def run(loads: int, work: Path, seed: int, quiet: bool = False) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = campaign_parser("load_races", __doc__)
+    parser = campaign_parser("load_races", __doc__, seed=5)
     parser.add_argument("--loads", type=int, default=1200)
-    parser.add_argument("--seed", type=int, default=5)
     add_folder_options(parser)
     parser.add_argument("--racer", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

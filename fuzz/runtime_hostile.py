@@ -305,7 +305,7 @@ def _finding(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = campaign_parser("runtime_hostile", __doc__)
+    parser = campaign_parser("runtime_hostile", __doc__, seed=3)
     parser.add_argument(
         "--per-file",
         type=int,
@@ -314,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
