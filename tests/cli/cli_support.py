@@ -4,6 +4,7 @@ rejection it must print, and the conformance vectors as the CLI sees them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,4 +74,19 @@ def refused(capsys: pytest.CaptureFixture[str], error_class: str | None, *argv: 
     code, _, err = run(capsys, *argv)
     assert code == 1, err
     one_line_rejection(err, error_class)
+    return err
+
+
+def invalid_vector_outcome(
+    capsys: pytest.CaptureFixture[str], command: str, vector: dict, path: Path
+) -> str | None:
+    """``tlckpt COMMAND PATH`` on an invalid vector: one that only a destination can reject
+    (:data:`DESTINATION_ONLY`) passes silently; any other is refused with a one-line rejection
+    and nothing on stdout. Returns that rejection's stderr, or None if the file passed."""
+    code, out, err = run(capsys, command, path)
+    if vector["file"] in DESTINATION_ONLY:
+        assert (code, err) == (0, "")
+        return None
+    assert (code, out) == (1, "")
+    one_line_rejection(err)
     return err

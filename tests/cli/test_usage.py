@@ -62,24 +62,23 @@ def test_progress_bar_only_for_large_files_on_a_terminal(
     assert (tmp_path / "s.tlsf32").read_bytes() == path.read_bytes()
 
 
-def test_python_dash_m_subprocess() -> None:
-    vector = VECTORS_DIR / "adam_v5_f64_tied_counter.tladam"
-    done = subprocess.run(
-        [sys.executable, "-m", "tlckpt", "validate", str(vector)],
+def _python_m_tlckpt(*argv: object) -> subprocess.CompletedProcess[str]:
+    """``python -m tlckpt ARGV`` in a child process, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "tlckpt", *map(str, argv)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_python_dash_m_subprocess() -> None:
+    vector = VECTORS_DIR / "adam_v5_f64_tied_counter.tladam"
+    done = _python_m_tlckpt("validate", vector)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{vector}: ok (TLADAMF v5")
     bad = VECTORS_DIR / "bad_adam_truncated_payload.tladam"
-    done = subprocess.run(
-        [sys.executable, "-m", "tlckpt", "inspect", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _python_m_tlckpt("inspect", bad)
     assert done.returncode == 1 and done.stdout == ""
     one_line_rejection(done.stderr, "TruncatedError")
