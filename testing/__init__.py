@@ -4,6 +4,7 @@
   counters, bit-exact float payloads and whole checkpoint states (needs ``hypothesis``);
 * :mod:`tlckpt.testing.vectors` — where the conformance vectors are (``tests/vectors``), and
   their manifest entries as the codec's values (``ParameterSchema``, ``AdamConfig``, arrays);
+* :mod:`tlckpt.testing.adam` — the AdamW configuration tests write when its values do not matter;
 * :mod:`tlckpt.testing.limits` — child processes under resource limits, sparse files;
 * :mod:`tlckpt.testing.models` — a small model with tied, frozen and buffer state, its
   deterministic training, Adam/AdamW in every implementation (needs ``torch``);

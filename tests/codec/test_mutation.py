@@ -30,9 +30,7 @@ from mutation_support import (
 )
 
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
-    AdamKind,
     CheckpointError,
     MomentDtype,
     ParameterSchema,
@@ -42,6 +40,7 @@ from tlckpt.codec import (
     write_adam,
     write_float32_state,
 )
+from tlckpt.testing.adam import adamw_config
 from tlckpt.testing.strategies import byte_splices
 from tlckpt.testing.vectors import schema_from_manifest, vectors_dir
 
@@ -101,7 +100,7 @@ def _written_samples() -> Iterator[Sample]:
     plain = ParameterSchema([(3,), (), (2, 2)], [True, False, True])
     rng = np.random.default_rng(7)
     for dtype in MomentDtype:
-        config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, dtype)
+        config = adamw_config(dtype)
         for sch in (schema, plain):
             entries = {
                 slot: AdamEntry(

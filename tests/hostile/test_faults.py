@@ -43,9 +43,7 @@ from hostile_support import run_python
 
 from tlckpt import codec
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
-    AdamKind,
     ParameterSchema,
     is_temporary,
     read_float32_state,
@@ -53,6 +51,7 @@ from tlckpt.codec import (
     write_float32_state,
     write_state_bits,
 )
+from tlckpt.testing.adam import adamw_config
 
 ERRNOS = (errno.ENOSPC, errno.EIO, errno.EACCES)
 FAULTS = ("write", "flush", "fsync", "replace", "dir_fsync", "create")
@@ -67,7 +66,7 @@ def _arrays(value: float) -> list[np.ndarray]:
 
 def _adam(path: Any, value: float) -> None:
     schema = ParameterSchema([(600_000,), (600_000,)], [True, True], [0, 0])
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+    config = adamw_config()
     m = np.full(600_000, value, np.float32)
     write_adam(path, schema, config, {0: AdamEntry(3, m, m + 1)})
 
