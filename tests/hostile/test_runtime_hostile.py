@@ -10,6 +10,7 @@ are the rejections that come last, when a half-done install would show.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,17 +21,16 @@ from hostile_support import fuzz_module
 import tlckpt
 from tlckpt.codec import AdamEntry, CheckpointError, write_adam, write_float32_state
 from tlckpt.runtime.adam_binding import bind_adam
+from tlckpt.testing.models import default_dtype
 
 rh = fuzz_module("runtime_hostile")
 VARIANTS = {v.name: v for v in rh.variants("cpu")}
 
 
 @pytest.fixture(autouse=True)
-def _float32_default_dtype():
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(before)
+def _float32_default_dtype() -> Iterator[None]:
+    with default_dtype(torch.float32):
+        yield
 
 
 # ------------------------------------------------------------------------------ the checker

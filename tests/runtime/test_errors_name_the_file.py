@@ -37,9 +37,10 @@ from tlckpt.codec import (
     write_float32_state,
     write_state_bits,
 )
+from tlckpt.testing.adam import adamw_config
 
 SCHEMA = ParameterSchema([(2,), (3,)], [True, True])
-CONFIG = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+CONFIG = adamw_config()
 
 
 def _entries(dtype: str = "<f4") -> dict[int, AdamEntry]:
