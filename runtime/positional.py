@@ -109,6 +109,10 @@ def unsupported(tensors: Sequence[torch.Tensor]) -> str | None:
     and ``Replicate``), or ``None``. The same answer on every rank."""
     from torch.distributed.tensor import Replicate, Shard
 
+    try:  # where DTensor's own rules say each rank's piece lies
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: F401
+    except ImportError:
+        return "this torch's DTensor has no compute_local_shape_and_global_offset"
     for t in tensors:
         if is_dtensor(t):
             for p in t.placements:
