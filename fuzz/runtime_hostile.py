@@ -8,7 +8,9 @@ Run from the repository root::
 
 A small model with tied embedding/output weights, a frozen layer and BatchNorm buffers is
 trained a few steps with each optimizer variant (Adam/AdamW; default, ``foreach=False``,
-``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA).
+``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA; and
+states only tlckpt's own ``TLCKOPT`` family holds: two param groups with amsgrad, bfloat16
+parameters with a trainable one that has no state).
 Its optimizer file (``save_optimizer``), its model file (``save_module_state``, float32
 only; loaded both staged and with ``staged=False``) and its exact-bits JSON file
 (``save_state_bits``) are mutated with
@@ -28,6 +30,7 @@ Exit status: 0 if nothing escaped and nothing changed, else 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import struct
@@ -73,6 +76,8 @@ class Variant:
     options: tuple = ()
     counter: int | None = None
     device: str = "cpu"
+    groups: bool = False  # weight decay for matrices only: two param groups
+    idle: bool = False  # the frozen layer made trainable after training: no state for it
 
 
 def variants(device: str = "cpu") -> list[Variant]:
@@ -82,9 +87,11 @@ def variants(device: str = "cpu") -> list[Variant]:
         Variant("adamw-fused", options=(("fused", True),)),
         Variant("adamw-f64", dtype=torch.float64),
         Variant("adam-counter", "adam", counter=2**64 - 1),
+        Variant("adamw-groups-amsgrad", options=(("amsgrad", True),), groups=True, counter=7),
+        Variant("adamw-bf16-idle", dtype=torch.bfloat16, options=(("fused", True),), idle=True),
     ]
     if device != "cpu":
-        out = [Variant(v.name, v.kind, v.dtype, v.options, v.counter, device) for v in out]
+        out = [dataclasses.replace(v, device=device) for v in out]
         out.append(Variant("adamw-capturable", options=(("capturable", True),), device=device))
         out.append(
             Variant(
@@ -99,7 +106,13 @@ def build(variant: Variant, seed: int = 0) -> tuple[TiedNet, torch.optim.Optimiz
     torch.manual_seed(seed)
     model = TiedNet(variant.dtype).to(variant.device)
     cls = torch.optim.Adam if variant.kind == "adam" else torch.optim.AdamW
-    opt = cls(model.parameters(), lr=1e-2, **dict(variant.options))
+    params: Any = list(model.parameters())
+    if variant.groups:
+        params = [
+            {"params": [p for p in params if p.ndim > 1], "weight_decay": 0.05},
+            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+        ]
+    opt = cls(params, lr=1e-2, **dict(variant.options))
     g = torch.Generator().manual_seed(seed + 1)
     for _ in range(3):
         x = torch.randint(0, VOCAB, (6,), generator=g).to(variant.device)
@@ -107,6 +120,8 @@ def build(variant: Variant, seed: int = 0) -> tuple[TiedNet, torch.optim.Optimiz
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+    if variant.idle:
+        model.frozen.requires_grad_(True)
     return model, opt
 
 
