@@ -196,8 +196,8 @@ OPTIMIZER_FAMILY = register_family(
     _OptimizerFamily(
         name="tlckpt_optimizer",
         label=OPTIMIZER_MAGIC.decode("ascii"),
-        contents="tlckpt's optimizer state, not a TorchLean format",
-        title="Adam/AdamW optimizer state in tlckpt's own family (TorchLean cannot read it)",
+        contents="tlckpt's own optimizer state, not TorchLean's",
+        title="tlckpt's own Adam/AdamW optimizer state; TorchLean cannot read it",
         magic=OPTIMIZER_MAGIC,
     )
 )

@@ -75,12 +75,14 @@ class TorchLeanFit:
             raise (self.misfits[0] if self.misfits else Misfit("no config")).error()
         return self.config
 
-    def refusal(self) -> ConfigError:
-        """Every reason as one :class:`ConfigError` (``require_torchlean=True``)."""
+    def refusal(
+        self, lead: str = "this optimizer state does not fit TorchLean's TLADAMF versions"
+    ) -> ConfigError:
+        """Every reason as one :class:`ConfigError` (``require_torchlean=True``), after
+        ``lead``."""
         listed = "; ".join(m.message for m in self.misfits)
         return ConfigError(
-            f"this optimizer state does not fit TorchLean's TLADAMF versions: {listed}",
-            field=self.misfits[0].field if self.misfits else None,
+            f"{lead}: {listed}", field=self.misfits[0].field if self.misfits else None
         )
 
 
@@ -244,5 +246,5 @@ def adam_target_of(target: OptimizerTarget) -> AdamTarget:
     dtypes = target.dtypes if target.dtypes is not None else (None,) * len(schema)
     fit = torchlean_fit(schema, target.groups, target.slot_groups, dtypes)
     if not fit.fits:
-        raise fit.refusal()
+        raise fit.refusal("no TLADAMF file loads into this optimizer")
     return AdamTarget(schema, fit.config.dtype if fit.dtype_known else None, fit.config)

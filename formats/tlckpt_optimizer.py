@@ -1,4 +1,4 @@
-"""tlckpt's own optimizer family, ``TLCKOPT``: Adam/AdamW state TorchLean's versions cannot hold.
+"""Adam/AdamW state that TorchLean's versions cannot hold, in tlckpt's own family (not TorchLean's).
 
 This family is tlckpt's, not TorchLean's: TorchLean neither writes nor reads it, and its magic
 is not ``TLADAMF``, so no TorchLean reader mistakes one of its files for its own.
@@ -20,8 +20,8 @@ a gradient in an optimizer step) simply has no entry. Execution settings (``fore
 the form the live optimizer's own settings expect.
 
 How versions evolve: a new version is a new named spec in this module, registered beside the
-others (``OPTIMIZER_VERSIONS``, :mod:`.registry`). Readers keep every registered version; the
-writer writes ``WRITTEN_VERSION``.
+others (``OPTIMIZER_VERSIONS``, ``formats/registry.py``). Readers keep every registered
+version, so every file ever written stays readable; the writer writes ``WRITTEN_VERSION``.
 """
 
 from __future__ import annotations

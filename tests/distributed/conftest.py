@@ -30,6 +30,7 @@ CHECKS = {
         "corrupted_files",
         "rank_local_failures",
         "save_failures",
+        "own_family_groups",
         "exact_bits_dtypes",
         "hsdp_meshes",
         "memory",
@@ -42,6 +43,7 @@ CHECKS = {
         "corrupted_files",
         "rank_local_failures",
         "save_failures",
+        "own_family_groups",
         "distribute_tensor_float64",
     ],
 }
