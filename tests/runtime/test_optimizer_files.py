@@ -188,7 +188,7 @@ def test_groups_differing_only_in_lr_still_give_torchleans_bytes(vector, vectors
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_single_group_states_pick_torchleans_versions(tmp_path, tied, dtype, counter):
-    """Single-group float32/float64 states are TorchLean's v2–v5, as FORMAT.md selects:
+    """Single-group float32/float64 states are TorchLean's v2 to v5, as FORMAT.md selects:
     the new family is never written for them."""
     torch.manual_seed(0)
     model = TiedNet(dtype, tied=tied)
