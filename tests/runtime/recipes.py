@@ -149,14 +149,18 @@ def one_group(model: torch.nn.Module) -> ParamGroups:
 # ------------------------------------------------------------------------------ losses
 
 
-def _tokens(step: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(10_000 + step)
-    return torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _tokens(step: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(10_000 + step)  # on the host: the same on every device
+    return torch.randint(1, VOCAB, (BATCH, SEQ), generator=g).to(device)
 
 
 def lm_loss(model: torch.nn.Module, step: int) -> torch.Tensor:
     """Next-token loss of a language model (``transformers`` or :class:`TinyLM`)."""
-    tokens = _tokens(step)
+    tokens = _tokens(step, _device(model))
     if isinstance(model, GPT2LMHeadModel):
         return model(input_ids=tokens, labels=tokens).loss
     logits = model(tokens).float()
@@ -167,7 +171,7 @@ def lm_loss(model: torch.nn.Module, step: int) -> torch.Tensor:
 
 def token_loss(model: torch.nn.Module, step: int) -> torch.Tensor:
     """A loss on BERT's token states only: the pooler never gets a gradient."""
-    hidden = model(input_ids=_tokens(step)).last_hidden_state
+    hidden = model(input_ids=_tokens(step, _device(model))).last_hidden_state
     return (hidden.float() - 0.5).pow(2).mean()
 
 
@@ -175,7 +179,8 @@ def image_loss(model: torch.nn.Module, step: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(20_000 + step)
     images = torch.randn(BATCH, 3, 6, 6, generator=g)
     labels = torch.randint(0, 5, (BATCH,), generator=g)
-    return torch.nn.functional.cross_entropy(model(images), labels)
+    device = _device(model)
+    return torch.nn.functional.cross_entropy(model(images.to(device)), labels.to(device))
 
 
 # ------------------------------------------------------------------------------ recipes
@@ -257,10 +262,19 @@ def _run(recipe: Recipe, model: torch.nn.Module, opt: Any, first: int, count: in
     return losses
 
 
-def resume_recipe(recipe: Recipe, impl: str, counter: bool, folder: Path) -> dict[str, Any]:
+def resume_recipe(
+    recipe: Recipe, impl: str, counter: bool, folder: Path, device: str = "cpu"
+) -> dict[str, Any]:
     """Train k steps, save model and optimizer, load into fresh objects initialised
     differently, train n more: assert everything (parameters, buffers, every optimizer
     tensor, losses) equals the uninterrupted k + n run, bit for bit.
+
+    Args:
+        recipe: what to train.
+        impl: the optimizer's flavour, a key of ``CUDA_IMPLS`` (those of ``IMPLS`` on CPU).
+        counter: whether the files carry the run's random counter.
+        folder: where the files go.
+        device: where the models (and so the optimizer's state) live.
 
     Returns:
         The optimizer file's version and family, and the live state for further checks.
@@ -269,12 +283,12 @@ def resume_recipe(recipe: Recipe, impl: str, counter: bool, folder: Path) -> dic
 
     k, n = RESUME_K, RESUME_N
     torch.manual_seed(0)
-    reference = recipe.model()
+    reference = recipe.model().to(device)
     reference_opt = recipe.optimizer(reference, impl)
     reference_losses = _run(recipe, reference, reference_opt, 0, k + n)
 
     torch.manual_seed(0)
-    model = recipe.model()
+    model = recipe.model().to(device)
     opt = recipe.optimizer(model, impl)
     _run(recipe, model, opt, 0, k)
     save_state_bits(model, folder / "model.json")
@@ -283,7 +297,7 @@ def resume_recipe(recipe: Recipe, impl: str, counter: bool, folder: Path) -> dic
     del model, opt
 
     torch.manual_seed(1234)  # a different initialisation: the loads must overwrite all of it
-    fresh = recipe.model()
+    fresh = recipe.model().to(device)
     fresh_opt = recipe.optimizer(fresh, impl)
     assert modules_equal(reference, fresh), "the fresh model should start out different"
     load_state_bits(fresh, folder / "model.json")
