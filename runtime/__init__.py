@@ -26,26 +26,19 @@ written.
 """
 
 from ..optional import require
+from ..runtime_names import RUNTIME_NAMES
 
 # Before anything below imports torch: without it, one message that says what to install.
 require("torch", "tlckpt.runtime (torch models and optimizers)")
 
-from .module_state import (  # noqa: E402
-    load_module_state,
-    load_state_bits,
-    save_module_state,
-    save_state_bits,
-)
-from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer  # noqa: E402
-from .slots import schema_of  # noqa: E402
+from .module_state import load_module_state as load_module_state  # noqa: E402
+from .module_state import load_state_bits as load_state_bits  # noqa: E402
+from .module_state import save_module_state as save_module_state  # noqa: E402
+from .module_state import save_state_bits as save_state_bits  # noqa: E402
+from .optimizer import MissingRandomCounterWarning as MissingRandomCounterWarning  # noqa: E402
+from .optimizer import load_optimizer as load_optimizer  # noqa: E402
+from .optimizer import save_optimizer as save_optimizer  # noqa: E402
+from .slots import schema_of as schema_of  # noqa: E402
 
-__all__ = [
-    "schema_of",
-    "save_module_state",
-    "load_module_state",
-    "save_state_bits",
-    "load_state_bits",
-    "save_optimizer",
-    "load_optimizer",
-    "MissingRandomCounterWarning",
-]
+#: The one list of these names (torch-free, so the root package can name them lazily).
+__all__ = list(RUNTIME_NAMES)

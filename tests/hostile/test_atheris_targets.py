@@ -9,12 +9,10 @@ fresh output folder. A crash, timeout or out-of-memory artifact fails the test. 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import REPO, fuzz_module, run_campaign
+from hostile_support import fuzz_module, run_campaign, run_python
 
 pytest.importorskip("atheris", reason="atheris is pinned in requirements-dev.txt")
 
@@ -48,9 +46,8 @@ def test_the_runner_imports_the_library_only_under_instrumentation() -> None:
         "import sys, fuzz.atheris_run, fuzz.atheris_targets\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tlckpt', 'construct')))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
+    proc = run_python(["-c", code], 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout
 
 

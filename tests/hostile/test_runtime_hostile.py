@@ -10,6 +10,7 @@ are the rejections that come last, when a half-done install would show.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,17 +29,16 @@ from tlckpt.codec import (
 )
 from tlckpt.runtime.adam_binding import bind_adam, bind_optimizer
 from tlckpt.runtime.tensors import to_host
+from tlckpt.testing.models import default_dtype
 
 rh = fuzz_module("runtime_hostile")
 VARIANTS = {v.name: v for v in rh.variants("cpu")}
 
 
 @pytest.fixture(autouse=True)
-def _float32_default_dtype():
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(before)
+def _float32_default_dtype() -> Iterator[None]:
+    with default_dtype(torch.float32):
+        yield
 
 
 # ------------------------------------------------------------------------------ the checker

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 import transformers
-from runtime_support import CUDA_IMPLS, bits, modules_equal, optimizer_states_equal
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 from transformers.trainer import Trainer
 
 from tlckpt.runtime import load_optimizer, load_state_bits, save_optimizer, save_state_bits
+from tlckpt.testing.bitwise import bits, modules_equal, optimizer_states_equal
+from tlckpt.testing.models import CUDA_IMPLS
 
 VOCAB, SEQ, BATCH = 24, 6, 3
 

@@ -11,18 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from recipes import RECIPES, resume_recipe
-from runtime_support import (
-    CUDA_IMPLS,
-    TiedNet,
-    make_adam,
-    module_unchanged,
-    optimizer_unchanged,
-    resume_run,
-    same,
-    snapshot_module,
-    snapshot_optimizer,
-    train,
-)
+from runtime_support import resume_run
 
 from tlckpt.codec import CheckpointError, MomentDtype, read_adam
 from tlckpt.runtime import (
@@ -35,6 +24,14 @@ from tlckpt.runtime import (
     schema_of,
 )
 from tlckpt.runtime.tensors import HostBuffer
+from tlckpt.testing.bitwise import (
+    module_unchanged,
+    optimizer_unchanged,
+    same,
+    snapshot_module,
+    snapshot_optimizer,
+)
+from tlckpt.testing.models import CUDA_IMPLS, TiedNet, make_adam, train
 
 pytestmark = [
     pytest.mark.cuda,

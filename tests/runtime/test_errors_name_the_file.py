@@ -43,9 +43,10 @@ from tlckpt.codec import (
     write_optimizer_state,
     write_state_bits,
 )
+from tlckpt.testing.adam import adamw_config
 
 SCHEMA = ParameterSchema([(2,), (3,)], [True, True])
-CONFIG = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+CONFIG = adamw_config()
 GROUP = ParamGroupConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, 1e-3)
 
 

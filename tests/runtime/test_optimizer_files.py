@@ -9,17 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    TiedNet,
-    hex_bits,
-    make_adam,
-    tensors_from_schema,
-    train,
-)
+from runtime_support import hex_bits, tensors_from_schema
 
 from tlckpt.codec import AdamKind, MomentDtype, read_adam
 from tlckpt.codec import inspect as tlckpt_inspect
 from tlckpt.runtime import load_optimizer, save_optimizer, schema_of
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 
 def _assert_file_matches_optimizer(path: Path, opt, model, dtype: torch.dtype) -> None:

@@ -14,23 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    TiedNet,
-    make_adam,
-    optimizer_unchanged,
-    snapshot_optimizer,
-    step_once,
-    train,
-)
+from runtime_support import step_once
 
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
     AdamKind,
     CheckpointError,
     ConfigError,
     EntryError,
-    MomentDtype,
     SchemaMismatchError,
     inspect,
     read_adam,
@@ -42,6 +33,9 @@ from tlckpt.runtime import (
     save_optimizer,
     schema_of,
 )
+from tlckpt.testing.adam import adamw_config
+from tlckpt.testing.bitwise import optimizer_unchanged, snapshot_optimizer
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 
 @pytest.fixture
@@ -305,7 +299,7 @@ def test_step_not_representable_in_the_step_tensor(tmp_path: Path):
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([p], lr=0.01)
     step_once(opt, [p])
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, MomentDtype.FLOAT32)
+    config = adamw_config()
     zeros = np.zeros(2, np.float32)
     write_adam(tmp_path / "big", schema_of([p]), config, {0: AdamEntry(2**24 + 1, zeros, zeros)})
     snap = snapshot_optimizer(opt)
