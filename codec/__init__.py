@@ -4,7 +4,7 @@ Errors are re-exported here and from :mod:`tlckpt`.
 """
 
 # The built-in families register themselves with the family registry (codec.families).
-from . import adam_family, model_state_families  # noqa: F401
+from . import adam_family, model_state_families, tlckpt_optimizer_family  # noqa: F401
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
 from .atomic import atomic_output, clean_temporaries, is_temporary
 from .config import AdamConfig, AdamKind, MomentDtype
@@ -30,8 +30,11 @@ from .float32_state import (
     write_float32_state,
 )
 from .inspection import inspect, sniff_family
+from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
 from .schema import ParameterSchema
 from .state_bits import DEFAULT_MAX_JSON_BYTES, read_state_bits, write_state_bits
+from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
+from .tlckpt_optimizer_writer import write_optimizer_state
 
 __all__ = [
     "DEFAULT_MAX_JSON_BYTES",
@@ -46,6 +49,9 @@ __all__ = [
     "FileTooLargeError",
     "MalformedError",
     "MomentDtype",
+    "OptimizerCheckpoint",
+    "OptimizerEntry",
+    "ParamGroupConfig",
     "ParameterSchema",
     "PartialLoadError",
     "PayloadSink",
@@ -61,12 +67,15 @@ __all__ = [
     "is_temporary",
     "read_adam",
     "read_float32_state",
+    "read_optimizer_state",
     "read_state_bits",
     "scan_adam",
     "scan_float32_state",
+    "scan_optimizer_state",
     "sniff_family",
     "validate_float32_state",
     "write_adam",
     "write_float32_state",
+    "write_optimizer_state",
     "write_state_bits",
 ]

@@ -8,7 +8,7 @@ Run from the repository root::
     python -m fuzz.atheris_run --line-coverage          # replay the corpora under coverage.py
     python -m fuzz.atheris_run --target json --reproduce fuzz/out/atheris/json/crash-...
 
-Targets: ``adam``, ``tlsf32``, ``json``, ``inspect`` (see :mod:`fuzz.atheris_targets`).
+Targets: ``adam``, ``tlsf32``, ``json``, ``tlckopt``, ``inspect`` (see :mod:`fuzz.atheris_targets`).
 Each target runs in its own process (libFuzzer exits the process when it stops). The corpus
 grows in ``fuzz/out/atheris/<target>/corpus`` (seeded from the vectors and small generated
 files); crashes, timeouts and out-of-memory inputs are written to

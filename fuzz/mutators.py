@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import io
 import random
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from construct import Container
+from construct import Array, Container, Struct
 
 from tlckpt.codec.errors import CheckpointError
 from tlckpt.codec.framed import read_framing
 from tlckpt.codec.source import Source
 from tlckpt.codec.walker import Path, Visitor, parse
+from tlckpt.formats.primitives import unwrap
 
 from .json_mutations import JSON_INSERTS, json_systematic
 from .mutation_spec import SMALL, Spec, apply, describe
@@ -77,6 +79,8 @@ class FieldMap:
         records: array (dotted spec path: ``schema.slots``, ``entries``, ``tensors``) → the
             ``(start, end)`` byte span of each of its records, in file order.
         payloads: ``(start, end)`` byte span of every payload, in file order.
+        count_fields: array of records → the field that counts it (dotted spec paths), as
+            the spec's ``this`` expression names it.
         parsed: whether the walker read the whole file (a valid seed).
         error: why it did not (the codec's rejection), else ``None``.
     """
@@ -85,6 +89,7 @@ class FieldMap:
     counts: dict[str, int] = field(default_factory=dict)
     records: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     payloads: list[tuple[int, int]] = field(default_factory=list)
+    count_fields: dict[str, str] = field(default_factory=dict)
     parsed: bool = False
     error: CheckpointError | None = None
 
@@ -129,6 +134,21 @@ class Recorder(Visitor):
         return False  # every record must reach on_field: its span is what is mapped
 
 
+def count_fields(spec: Struct, prefix: str = "") -> dict[str, str]:
+    """Each array of records of ``spec`` → the field its count expression reads (dotted spec
+    paths: ``entries`` → ``entry_count``, ``schema.slots`` → ``schema.slot_count``)."""
+    out: dict[str, str] = {}
+    for sc in spec.subcons:
+        inner, path = unwrap(sc), prefix + (sc.name or "")
+        if isinstance(inner, Struct):
+            out.update(count_fields(inner, path + "."))
+        elif isinstance(inner, Array) and isinstance(unwrap(inner.subcon), Struct):
+            names = re.findall(r"\['(\w+)'\]", repr(inner.count))
+            if names:
+                out[path] = prefix + ".".join(names)
+    return out
+
+
 def field_map(data: bytes) -> FieldMap:
     """Map a binary seed with the library's walker (see the module docstring).
 
@@ -139,6 +159,7 @@ def field_map(data: bytes) -> FieldMap:
     src = Source(io.BytesIO(data))
     try:
         spec = read_framing(src, None)
+        fm.count_fields = count_fields(spec.struct)
         parse(src, spec.struct, Recorder(src, fm))
         fm.parsed = True
     except CheckpointError as exc:  # an invalid seed: mapped up to the failing field
@@ -226,12 +247,7 @@ RECORD_KINDS = (
 
 
 def _count_offset(fm: FieldMap, group: str) -> int | None:
-    # "schema.slots" ↔ "schema.slot_count"; "entries" ↔ "entry_count"; "tensors" ↔ ...
-    wanted = {
-        "schema.slots": "schema.slot_count",
-        "entries": "entry_count",
-        "tensors": "tensor_count",
-    }.get(group)
+    wanted = fm.count_fields.get(group)
     return fm.counts.get(wanted) if wanted else None
 
 

@@ -8,7 +8,9 @@ Run from the repository root::
 
 A small model with tied embedding/output weights, a frozen layer and BatchNorm buffers is
 trained a few steps with each optimizer variant (Adam/AdamW; default, ``foreach=False``,
-``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA).
+``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA; and
+states only tlckpt's own ``TLCKOPT`` family holds: two param groups with amsgrad, bfloat16
+parameters with a trainable one that has no state).
 Its optimizer file (``save_optimizer``), its model file (``save_module_state``, float32
 only; loaded both staged and with ``staged=False``) and its exact-bits JSON file
 (``save_state_bits``) are mutated with
@@ -27,6 +29,7 @@ Exit status: 0 if nothing escaped and nothing changed, else 1.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 import tempfile
@@ -53,6 +56,8 @@ class Variant:
     options: tuple = ()
     counter: int | None = None
     device: str = "cpu"
+    groups: bool = False  # weight decay for matrices only: two param groups
+    idle: bool = False  # the frozen layer made trainable after training: no state for it
 
 
 def variants(device: str = "cpu") -> list[Variant]:
@@ -62,9 +67,11 @@ def variants(device: str = "cpu") -> list[Variant]:
         Variant("adamw-fused", options=(("fused", True),)),
         Variant("adamw-f64", dtype=torch.float64),
         Variant("adam-counter", "adam", counter=2**64 - 1),
+        Variant("adamw-groups-amsgrad", options=(("amsgrad", True),), groups=True, counter=7),
+        Variant("adamw-bf16-idle", dtype=torch.bfloat16, options=(("fused", True),), idle=True),
     ]
     if device != "cpu":
-        out = [Variant(v.name, v.kind, v.dtype, v.options, v.counter, device) for v in out]
+        out = [dataclasses.replace(v, device=device) for v in out]
         out.append(Variant("adamw-capturable", options=(("capturable", True),), device=device))
         out.append(
             Variant(
@@ -79,8 +86,16 @@ def build(variant: Variant, seed: int = 0) -> tuple[TiedNet, torch.optim.Optimiz
     torch.manual_seed(seed)
     model = TiedNet(variant.dtype).to(variant.device)
     cls = torch.optim.Adam if variant.kind == "adam" else torch.optim.AdamW
-    opt = cls(model.parameters(), lr=1e-2, **dict(variant.options))
+    params: Any = list(model.parameters())
+    if variant.groups:
+        params = [
+            {"params": [p for p in params if p.ndim > 1], "weight_decay": 0.05},
+            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+        ]
+    opt = cls(params, lr=1e-2, **dict(variant.options))
     train(model, opt, 0, 3, variant.device)
+    if variant.idle:
+        model.frozen.requires_grad_(True)
     return model, opt
 
 

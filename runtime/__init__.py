@@ -3,7 +3,8 @@
 * :func:`schema_of` — the parameter slots of a module and their tied-weight map.
 * :func:`save_module_state` / :func:`load_module_state` — float32 state as ``TLSF32B``.
 * :func:`save_state_bits` / :func:`load_state_bits` — any float dtype as exact-bits JSON.
-* :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF``.
+* :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF`` when it
+  fits TorchLean's versions, else as tlckpt's own ``TLCKOPT`` family.
 
 Loads are all or nothing: the file is read and checked completely, and found unchanged,
 before anything live changes, and Ctrl-C is held back while live state is written. The one
@@ -22,8 +23,9 @@ choose a placement (:mod:`.placement`: :mod:`.local_placement` or
 :mod:`.sharded_placement`, whose collectives are in :mod:`.collectives`; a sharded call's
 path: :mod:`.io_choice`, :mod:`.sharded_io`, :mod:`.positional`) and run the
 operation, written once over it: :mod:`.float32_files` (``TLSF32B``), :mod:`.bits_files`
-(exact-bits JSON), :mod:`.adam_files` (``TLADAMF``). A load returns a plan; its commit
-(:mod:`.plans`) is the only place where live tensors or optimizer state are written.
+(exact-bits JSON), :mod:`.optimizer_files` (``TLADAMF`` and ``TLCKOPT``). A load returns a
+plan; its commit (:mod:`.plans`) is the only place where live tensors or optimizer state are
+written.
 """
 
 from ..optional import require

@@ -105,7 +105,8 @@ def choose(path: Any, operation: str, unsupported: str | None) -> bool:
     Args:
         path: the caller's path or file object.
         operation: ``"save"`` or ``"load"``.
-        unsupported: why the tensors cannot take the parallel path, or ``None``.
+        unsupported: why this rank's tensors or file cannot take the parallel path, or
+            ``None`` (ranks may differ: any rank's reason sends every rank through rank 0).
 
     Raises:
         ConfigError: on every rank, ``TLCKPT_SHARDED_IO`` holds something else than a mode.
@@ -118,7 +119,7 @@ def choose(path: Any, operation: str, unsupported: str | None) -> bool:
         error = exc
     share_verdict(error)
     is_path = isinstance(path, (str, os.PathLike))
-    rows = all_rows(bytes([_MODES.index(mode), is_path]))
+    rows = all_rows(bytes([_MODES.index(mode), is_path, unsupported is None]))
     modes = {_MODES[row[0]] for row in rows}
     forced_rank0 = "rank0" in modes  # any rank's wish for the streaming path wins
     forced_parallel = "parallel" in modes
@@ -126,8 +127,9 @@ def choose(path: Any, operation: str, unsupported: str | None) -> bool:
         route, reason = "rank0", "a file object is written through rank 0"
     elif forced_rank0:
         route, reason = "rank0", f"{ENV}=rank0"
-    elif unsupported is not None:
-        route, reason = "rank0", f"{unsupported} is moved through rank 0"
+    elif not all(row[2] for row in rows):  # any rank's reason counts for all
+        what = unsupported or "another rank's call"
+        route, reason = "rank0", f"{what} is moved through rank 0"
     elif forced_parallel:
         route, reason = "parallel", f"{ENV}=parallel"
     else:

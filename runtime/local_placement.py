@@ -64,7 +64,13 @@ class LocalPlacement:
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Nothing to refuse: any local tensor can be moved."""
 
-    def parallel(self, path: Any, operation: str, tensors: list[torch.Tensor]) -> bool:
+    def parallel(
+        self,
+        path: Any,
+        operation: str,
+        tensors: list[torch.Tensor],
+        why_not: Callable[[], str | None] | None = None,
+    ) -> bool:
         return False  # the one process writes and reads the file itself anyway
 
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:

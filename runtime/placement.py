@@ -96,15 +96,24 @@ class Placement(Protocol):
         """Refuse tensors this placement cannot move (a mesh that does not span the group)."""
         ...
 
-    def parallel(self, path: Any, operation: str, tensors: list[torch.Tensor]) -> bool:
+    def parallel(
+        self,
+        path: Any,
+        operation: str,
+        tensors: list[torch.Tensor],
+        why_not: Callable[[], str | None] | None = None,
+    ) -> bool:
         """Whether every rank reads or writes its own bytes of the file itself
         (:mod:`.positional`) instead of the transfer below; collective where the placement
-        is (:func:`~.sharded_io.choose`). Always ``False`` for one process.
+        is (:func:`~.io_choice.choose`). Always ``False`` for one process.
 
         Args:
             path: the caller's path or file object.
             operation: ``"save"`` or ``"load"``.
             tensors: the operation's tensors, in file order.
+            why_not: asked (where the choice is made) why this rank's file cannot take the
+                parallel path (a family without a positional layout), or ``None`` if it can;
+                any rank's reason sends every rank through rank 0.
         """
         ...
 

@@ -81,11 +81,18 @@ class ShardedPlacement:
         for name, t in named:
             check_mesh(name, t)
 
-    def parallel(self, path: Any, operation: str, tensors: list[torch.Tensor]) -> bool:
+    def parallel(
+        self,
+        path: Any,
+        operation: str,
+        tensors: list[torch.Tensor],
+        why_not: Callable[[], str | None] | None = None,
+    ) -> bool:
         from .io_choice import choose
         from .positional import unsupported
 
-        return choose(path, operation, unsupported(tensors))
+        reason = why_not() if why_not is not None else None
+        return choose(path, operation, reason or unsupported(tensors))
 
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:
         result: Any = None

@@ -21,7 +21,7 @@ import pytest
 import torch
 from cli_support import VECTORS_DIR, one_line_rejection, run
 
-from tlckpt.codec.families import HEAD_BYTES, family_title
+from tlckpt.codec.families import HEAD_BYTES, family_named, family_title
 from tlckpt.testing.limits import run_limited, sparse_file
 
 cli_main = importlib.import_module("tlckpt.cli.main")  # the module (``cli.main`` is its function)
@@ -36,20 +36,40 @@ FILES = {
 # --------------------------------------------------------------------------- families
 
 
+#: The families whose files a reference of each family takes: either optimizer family's files
+#: load into an optimizer, so a ``TLADAMF`` reference takes ``TLCKOPT`` files too.
+TAKERS = {"adam": ("adam", "tlckpt_optimizer"), "tlckpt_optimizer": ("tlckpt_optimizer", "adam")}
+OWN_FAMILY = "tlckpt_optimizer"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """:data:`FILES`, and a small ``TLCKOPT`` file (tlckpt's own optimizer family, which has
+    no conformance vector: its family's own first example)."""
+    own = tmp_path_factory.mktemp("own") / "optimizer.tlckopt"
+    own.write_bytes(family_named(OWN_FAMILY).examples()[0].data)
+    return {**FILES, OWN_FAMILY: own}
+
+
 @pytest.mark.parametrize(
     ("found", "wanted"),
-    [(a, b) for a, b in itertools.permutations(FILES, 2)],
+    [
+        (a, b)
+        for a, b in itertools.permutations([*FILES, OWN_FAMILY], 2)
+        if a not in TAKERS.get(b, ())
+    ],
 )
 def test_validate_against_another_family_names_both(
-    capsys: pytest.CaptureFixture[str], found: str, wanted: str
+    capsys: pytest.CaptureFixture[str], files: dict[str, Path], found: str, wanted: str
 ) -> None:
-    reference = FILES[wanted]
-    code, out, err = run(capsys, "validate", FILES[found], "--against", reference)
+    reference = files[wanted]
+    code, out, err = run(capsys, "validate", files[found], "--against", reference)
     assert code == 1 and out == ""
     line = one_line_rejection(err, "UnsupportedFormatError")
+    titles = " or ".join(family_title(f) for f in TAKERS.get(wanted, (wanted,)))
     assert line.endswith(
-        f"{FILES[found]}, field magic: the families differ: this is {family_title(found)}, "
-        f"not {family_title(wanted)} as the destination ({reference}) requires"
+        f"{files[found]}, field magic: the families differ: this is {family_title(found)}, "
+        f"not {titles} as the destination ({reference}) requires"
     )
 
 

@@ -1,6 +1,7 @@
 """Mutation tests: damaged and hostile files are rejected with the right class, fast, small.
 
-Real files (the conformance vectors and files the codec writes) are cut at every byte,
+Real files (the conformance vectors and files the codec writes, tlckpt's own ``TLCKOPT``
+optimizer family included) are cut at every byte,
 extended, flipped byte by byte, spliced at random and have every u64 field replaced by edge
 values. Reading untrusted bytes may only succeed or raise a :class:`CheckpointError` whose
 ``offset`` lies within the file. Headers announcing 2^62 of anything in a 1 KiB file are
@@ -31,14 +32,19 @@ from mutation_support import (
 
 from tlckpt.codec import (
     AdamEntry,
+    AdamKind,
     CheckpointError,
     MomentDtype,
+    OptimizerEntry,
     ParameterSchema,
+    ParamGroupConfig,
     TrailingDataError,
     TruncatedError,
     inspect,
+    read_optimizer_state,
     write_adam,
     write_float32_state,
+    write_optimizer_state,
 )
 from tlckpt.testing.adam import adamw_config
 from tlckpt.testing.strategies import byte_splices
@@ -88,6 +94,56 @@ def _f32_rewrite(arrays: list[np.ndarray]) -> bytes:
     buffer = io.BytesIO()
     write_float32_state(buffer, arrays)
     return buffer.getvalue()
+
+
+def _own_reader(schema: ParameterSchema, groups, slot_groups, dtypes) -> Callable[[Any], Any]:
+    return lambda src: read_optimizer_state(
+        src, schema, groups=groups, slot_groups=slot_groups, dtypes=dtypes
+    )
+
+
+def _own_rewrite(schema: ParameterSchema) -> Callable[[Any], bytes | None]:
+    def rewrite(ckpt: Any) -> bytes:
+        buffer = io.BytesIO()
+        args = (ckpt.groups, ckpt.slot_groups, ckpt.entries, ckpt.random_counter)
+        write_optimizer_state(buffer, schema, *args)
+        return buffer.getvalue()
+
+    return rewrite
+
+
+def _own_samples() -> Iterator[Sample]:
+    """``TLCKOPT`` files: two groups (one with amsgrad), a slot without state, tied, frozen,
+    scalar and zero-size slots, moments of each of the four dtypes."""
+    schema = ParameterSchema(
+        [(2, 3), (2, 3), (4,), (), (0, 5), (3,), (2,)],
+        [True, True, False, True, True, True, True],
+        [0, 0, None, 3, 4, 5, 6],
+    )
+    groups = (
+        ParamGroupConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, 1e-3),
+        ParamGroupConfig(AdamKind.ADAM, 0.8, 0.95, 0.0, 0.5, 2e-3, amsgrad=True, maximize=True),
+    )
+    slot_groups = (0, None, None, 1, 0, 1, 0)
+    rng = np.random.default_rng(11)
+    words = {"float32": "<f4", "float64": "<f8", "bfloat16": "<u2", "float16": "<f2"}
+
+    def moments(n: int, dtype: str, count: int) -> list[np.ndarray]:
+        return [rng.integers(0, 2**16, n).astype(words[dtype]) for _ in range(count)]
+
+    entries = {
+        0: OptimizerEntry(3, "bfloat16", *moments(6, "bfloat16", 2)),
+        3: OptimizerEntry(2**64 - 1, "float64", *moments(1, "float64", 3)),
+        4: OptimizerEntry(1, "float32", *moments(0, "float32", 2)),
+        5: OptimizerEntry(7, "float16", *moments(3, "float16", 3)),
+    }  # slot 6 trainable, no state
+    dtypes = tuple(entries[i].dtype if i in entries else None for i in range(len(schema)))
+    for counter in (None, 2**64 - 1):
+        buffer = io.BytesIO()
+        write_optimizer_state(buffer, schema, groups, slot_groups, entries, counter)
+        reader = _own_reader(schema, groups, slot_groups, dtypes)
+        name = f"written_tlckopt_counter{counter}"
+        yield Sample(name, buffer.getvalue(), reader, _own_rewrite(schema))
 
 
 def _written_samples() -> Iterator[Sample]:
@@ -141,7 +197,7 @@ def _vector_samples() -> Iterator[Sample]:
         yield Sample(e["file"], data, f32_reader(e["shapes"]), _f32_rewrite)
 
 
-SAMPLES = [*_vector_samples(), *_written_samples()]
+SAMPLES = [*_vector_samples(), *_written_samples(), *_own_samples()]
 SAMPLE_IDS = [s.name for s in SAMPLES]
 
 
@@ -165,6 +221,36 @@ def _fields(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
         return value
 
     version = take("version")
+    if data[:7] == b"TLCKOPT":
+        # counter flag and counter; groups (kind, five binary64, two flags); schema block,
+        # representatives, slot groups; entries (id, step, dtype tag, count, m, v, and
+        # max_exp_avg_sq where the entry's group has amsgrad).
+        if take("counter_flag"):
+            take("random_counter")
+        amsgrad = []
+        for g in range(take("group_count")):
+            for name in ("kind", "beta1", "beta2", "epsilon", "weight_decay", "lr"):
+                take(f"g{g}.{name}")
+            amsgrad.append(take(f"g{g}.amsgrad"))
+            take(f"g{g}.maximize")
+        slots = take("slot_count")
+        for s in range(slots):
+            for j in range(take(f"s{s}.rank")):
+                take(f"s{s}.dims[{j}]")
+            take(f"s{s}.element_count")
+            take(f"s{s}.requires_grad")
+        for s in range(slots):
+            take(f"representatives[{s}]")
+        tags = [take(f"slot_groups[{s}]") for s in range(slots)]
+        for e in range(take("entry_count")):
+            slot = take(f"e{e}.id")
+            take(f"e{e}.step")
+            itemsize = {0: 4, 1: 8, 2: 2, 3: 2}[take(f"e{e}.dtype_tag")]
+            count = take(f"e{e}.count")
+            size = (3 if amsgrad[tags[slot] - 1] else 2) * itemsize * count
+            payloads.append((pos, size))
+            pos += size
+        return fields, payloads
     if data[:7] == b"TLSF32B":
         for t in range(take("tensor_count")):
             rank = take(f"t{t}.rank")

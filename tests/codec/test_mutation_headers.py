@@ -24,6 +24,7 @@ from tlckpt.codec import (
     SchemaMismatchError,
     TruncatedError,
     inspect,
+    read_optimizer_state,
 )
 
 # ----------------------------------------------------------------------- hostile headers
@@ -42,6 +43,19 @@ _ADAMW = struct.pack("<4d", 0.9, 0.999, 1e-8, 0.01)
 
 def _adam_v2(*body: int) -> bytes:
     return b"TLADAMF" + u64(2) + u64(1) + _ADAMW + b"".join(u64(x) for x in body)
+
+
+def _own(*body: int) -> bytes:
+    """A ``TLCKOPT`` v1 file: no counter, then ``body`` (group_count first)."""
+    return b"TLCKOPT" + u64(1) + u64(0) + b"".join(u64(x) for x in body)
+
+
+#: One AdamW group: kind, beta1, beta2, eps, weight decay, lr, amsgrad, maximize.
+_GROUP = (1, *struct.unpack("<5Q", struct.pack("<5d", 0.9, 0.999, 1e-8, 0.01, 1e-3)), 0, 0)
+
+
+def _own_reader_of(schema: ParameterSchema) -> Callable[[Any], Any]:
+    return lambda src: read_optimizer_state(src, schema)
 
 
 def _tlsf(*body: int) -> bytes:
@@ -104,6 +118,36 @@ HOSTILE: dict[str, tuple[bytes, Callable[[Any], Any], type, type]] = {
     "tensor_element_count": (
         _pad(_tlsf(1, 2, 2**31, 2**31, HUGE)),
         f32_reader([(2**31, 2**31)]),
+        TruncatedError,
+        TruncatedError,
+    ),
+    "own_group_count": (
+        _pad(_own(HUGE)),
+        _own_reader_of(_ONE_SLOT),
+        TruncatedError,
+        TruncatedError,
+    ),
+    "own_slot_count": (
+        _pad(_own(1, *_GROUP, HUGE)),
+        _own_reader_of(_ONE_SLOT),
+        SchemaMismatchError,
+        TruncatedError,
+    ),
+    "own_entry_count": (
+        _pad(_own(1, *_GROUP, 1, 1, 2, 2, 1, 1, 1, HUGE)),
+        _own_reader_of(_ONE_SLOT),
+        EntryError,
+        EntryError,
+    ),
+    "own_entry_element_count": (
+        _pad(_own(1, *_GROUP, 1, 1, 2, 2, 1, 1, 1, 1, 0, 1, 0, HUGE)),
+        _own_reader_of(_ONE_SLOT),
+        EntryError,
+        EntryError,
+    ),
+    "own_element_count": (
+        _pad(_own(1, *_GROUP, 1, 2, 2**31, 2**31, HUGE, 1, 1, 1, 1, 0, 1, 0, HUGE)),
+        _own_reader_of(_BIG_SLOT),
         TruncatedError,
         TruncatedError,
     ),
@@ -181,7 +225,7 @@ _WORDS = st.one_of(
 
 @settings(max_examples=SPLICE_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.sampled_from([(b"TLADAMF", v) for v in (2, 3, 4, 5)] + [(b"TLSF32B", 1)]),
+    st.sampled_from([(b"TLADAMF", v) for v in (2, 3, 4, 5)] + [(b"TLSF32B", 1), (b"TLCKOPT", 1)]),
     st.lists(_WORDS, max_size=48),
     st.binary(max_size=64),
 )
@@ -191,6 +235,10 @@ def test_random_u64_headers(framing: tuple[bytes, int], words: list[int], tail: 
     data = magic + u64(version) + b"".join(u64(w) for w in words) + tail
     if magic == b"TLSF32B":
         reader = f32_reader([(2,), ()])
+    elif magic == b"TLCKOPT":
+        reader = _own_reader_of(
+            ParameterSchema([(2,), (2,), ()], [True, True, False], [0, 0, None])
+        )
     else:
         schema = ParameterSchema([(2,), (2,), ()], [True, True, False], [0, 0, None])
         reader = adam_reader(schema, MomentDtype.FLOAT64 if version == 5 else MomentDtype.FLOAT32)

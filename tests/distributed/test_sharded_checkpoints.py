@@ -181,6 +181,18 @@ def test_save_failures_raise_on_every_rank(groups, world):
     assert results[0]["nothing_written"]
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_two_param_groups_in_tlckpts_family(groups, world):
+    """Hugging Face-style groups with amsgrad, FSDP2-sharded: the file is the one a single
+    process writes for the full values, and a resume from it in this world is bit-exact."""
+    results = report(groups, world, "own_family_groups")
+    assert results[0]["identical"] == [True]
+    for r in results:
+        assert r["version"] == 1 and r["counter"] == K
+        assert r["after_load"] == [] and r["after_training"] == []
+        assert r["amsgrad"]
+
+
 def test_distribute_tensor_placements_and_float64(groups):
     results = report(groups, 3, "distribute_tensor_float64")
     assert results[0]["identical"] == {"state.json": True, "opt.tladam": True}

@@ -158,6 +158,8 @@ def save_failures(ctx: dict[str, Any]) -> dict[str, Any]:
         ),
     }
     amsgrad = torch.optim.AdamW(model.parameters(), amsgrad=True)
-    out["amsgrad"] = attempt(lambda: save_optimizer(amsgrad, model, MINE / "never.tladam"))
+    out["amsgrad"] = attempt(
+        lambda: save_optimizer(amsgrad, model, MINE / "never.tladam", require_torchlean=True)
+    )
     out["nothing_written"] = not (MINE / "never.tladam").exists()
     return out
