@@ -88,10 +88,9 @@ class _StateReader(Visitor):
         if "dims" in batch.constants:
             self.found.extend([tuple(batch.constants["dims"])] * batch.count)
         else:
-            self.found.extend(map(tuple, batch.values("dims")))
+            self.found.extend(batch.values("dims", tuple))
         self.offsets.extend(batch.payload_offsets("payload").tolist())
-        nbytes = sum(n * dtype.itemsize for _, _, n, dtype in batch.payloads)
-        self.sizes.extend([nbytes] * batch.count)
+        self.sizes.extend(batch.payload_bytes())
         return True
 
     def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
