@@ -254,8 +254,8 @@ def plan_load(
 
 
 def _stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[int, int]) -> Plan:
-    """A local staged load: every payload into one fresh staging buffer (huge pages when
-    large) with a few vectored reads, tied copies compared with their originals there,
+    """A local staged load: every payload into one fresh staging buffer (a mapping of its
+    own when large) with a few vectored reads, tied copies compared with their originals there,
     integer tensors converted; the plan holds the staging and what goes where."""
     sizes = layout.size_array
     starts = np.zeros(len(sizes), dtype=np.int64)

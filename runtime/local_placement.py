@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .tensors import HostBuffer, fresh_tensor
+from .tensors import HostBuffer
 
 __all__ = ["LocalPlacement", "LocalReceiver", "LOCAL"]
 
@@ -23,8 +23,7 @@ _T = TypeVar("_T")
 class LocalReceiver:
     """New values of local destinations, in memory of their own.
 
-    A payload is read into a fresh CPU tensor (huge pages when it is large:
-    :func:`~.tensors.fresh_tensor`), which is (a view of) the new value; with
+    A payload is read into a fresh CPU tensor, which is (a view of) the new value; with
     ``on_device``, a destination on an accelerator gets its payload through one reusable
     (pinned) host buffer and a synchronous copy to its device instead.
     """
@@ -41,7 +40,7 @@ class LocalReceiver:
         if self.on_device and self.destinations[item].device.type != "cpu":
             self._staged = item
             return self.staging.tensor(count, dtype)
-        return fresh_tensor(count, dtype)
+        return torch.empty(count, dtype=dtype)
 
     def scratch(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         return self.staging.tensor(count, dtype)

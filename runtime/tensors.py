@@ -15,12 +15,10 @@ import numpy as np
 import torch
 
 from ..codec.errors import CheckpointError, ConfigError
-from ..codec.staging import HUGE_MIN_BYTES, fresh_bytes
 
 __all__ = [
     "ENCODING_OF_DTYPE",
     "HostBuffer",
-    "fresh_tensor",
     "encoding_of",
     "file_dtype_of",
     "check_convertible",
@@ -241,16 +239,6 @@ _TORCH_OF_NUMPY = {
     np.dtype("<f4"): torch.float32,
     np.dtype("<f8"): torch.float64,
 }
-
-
-def fresh_tensor(count: int, dtype: torch.dtype) -> torch.Tensor:
-    """A new flat CPU tensor of ``count`` elements (contents undefined) for a load to read
-    into: a large one in memory of its own with huge pages (:func:`~tlckpt.codec.staging.
-    fresh_bytes`: a fifth of the page-fault cost), freed with the last view of it."""
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if nbytes < HUGE_MIN_BYTES:
-        return torch.empty(count, dtype=dtype)
-    return torch.from_numpy(fresh_bytes(nbytes)).view(dtype)
 
 
 class HostBuffer:
