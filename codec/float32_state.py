@@ -30,6 +30,7 @@ from .gcpause import gc_paused
 from .plan import fast_path
 from .schema_check import check_shape_field
 from .source import FileStamp, PathOrFile, open_source
+from .staging import same_bytes
 from .state_template import check_headers, record_values, template_for
 from .transfer import Extents, GatherBatch, address_of, read_extents, write_gather
 from .walker import Path, Visitor, field_name, parse
@@ -41,6 +42,7 @@ __all__ = [
     "validate_float32_state",
     "read_float32_payloads",
     "read_float32_extents",
+    "float32_payloads_equal",
     "StateLayout",
     "scan_float32_state",
     "scan_float32_sizes",
@@ -299,6 +301,37 @@ def read_float32_extents(
     extents = Extents.build(addresses, sizes, offsets, owners)
     with open_source(file, since=layout.stamp) as src:
         read_extents(src.file, extents, (*TENSORS, "payload"), progress)
+
+
+#: Bytes of each payload read at once by :func:`float32_payloads_equal`.
+_COMPARE_READ_BYTES = 4 << 20
+
+
+def float32_payloads_equal(file: BinaryIO, layout: StateLayout, first: int, second: int) -> bool:
+    """Whether the payloads of records ``first`` < ``second`` of a checked file hold the same
+    bytes, read a chunk of each at a time (two buffers of 4 MiB at most, whatever the size).
+
+    Raises:
+        FileChangedError: the file changed since the first pass began.
+        TruncatedError: the file shrank under this pass.
+        OSError: from the file system.
+    """
+    size = int(layout.sizes[first])
+    if size != int(layout.sizes[second]):
+        return False
+    a = np.empty(min(size, _COMPARE_READ_BYTES), dtype=np.uint8)
+    b = np.empty_like(a)
+    where = (layout.offsets[first], layout.offsets[second])
+    with open_source(file, since=layout.stamp) as src:
+        for at in range(0, size, len(a)):
+            n = min(len(a), size - at)
+            extents = Extents.build(
+                [address_of(a), address_of(b)], [n, n], [where[0] + at, where[1] + at], [a, b]
+            )
+            read_extents(src.file, extents, (*TENSORS, "payload"))
+            if not same_bytes(a[:n], b[:n]):
+                return False
+    return True
 
 
 @names_the_file()

@@ -20,10 +20,12 @@ import mmap
 
 import numpy as np
 
-__all__ = ["OWN_MAPPING_MIN_BYTES", "fresh_bytes"]
+__all__ = ["OWN_MAPPING_MIN_BYTES", "COMPARE_CHUNK_BYTES", "fresh_bytes", "same_bytes"]
 
 #: Buffers from this size on get a mapping of their own.
 OWN_MAPPING_MIN_BYTES = 4 << 20
+#: Bytes compared at once by :func:`same_bytes` (its temporary is this many booleans).
+COMPARE_CHUNK_BYTES = 1 << 20
 
 _FLAGS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 
@@ -37,3 +39,13 @@ def fresh_bytes(nbytes: int) -> np.ndarray:
     if nbytes < OWN_MAPPING_MIN_BYTES or not _FLAGS:
         return np.empty(nbytes, dtype=np.uint8)
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=_FLAGS), dtype=np.uint8)
+
+
+def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two uint8 arrays hold the same bytes, compared a chunk at a time (no copy of
+    either, and a temporary of :data:`COMPARE_CHUNK_BYTES` at most)."""
+    if len(x) != len(y):
+        return False
+    step = COMPARE_CHUNK_BYTES
+    chunks = range(0, len(x), step)
+    return all(np.array_equal(x[at : at + step], y[at : at + step]) for at in chunks)

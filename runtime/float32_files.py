@@ -38,6 +38,7 @@ from torch.autograd.graph import increment_version
 from ..codec.errors import CheckpointError, PartialLoadError
 from ..codec.float32_state import (
     StateLayout,
+    float32_payloads_equal,
     read_float32_extents,
     read_float32_payloads,
     validate_float32_state,
@@ -45,7 +46,7 @@ from ..codec.float32_state import (
     write_float32_state,
 )
 from ..codec.source import PathOrFile
-from ..codec.staging import fresh_bytes
+from ..codec.staging import fresh_bytes, same_bytes
 from ..codec.transfer import Extents, address_of, copy_extents
 from .dtensors import local_tensor
 from .placement import Placement, Receiver, Take
@@ -271,7 +272,7 @@ def _stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[i
 
     for copy, original in copies.items():
         (a, n), (b, _) = bounds[copy], bounds[original]
-        if staging[a : a + n].tobytes() != staging[b : b + n].tobytes():
+        if not same_bytes(staging[a : a + n], staging[b : b + n]):
             raise tie_conflict(named, copy, original)
     plain, live_addresses, rest = _plain(named, written(named, copies))
     # Other tensors' values: converted (exactly, or the load fails) before anything live
@@ -381,8 +382,14 @@ class Precheck:
 def _precheck(
     f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[int, int]
 ) -> None:
-    if copies or {t.dtype for _, t in named} - {torch.float32}:
-        read_payloads(f, layout, Precheck(named, copies, HostBuffer()))
+    """What an in-place load checks before its copying pass beyond the structure: tied
+    copies first (as a staged load does), compared with their originals in the file chunk by
+    chunk; then the values of integer tensors, which must convert exactly."""
+    for copy, original in sorted(copies.items()):
+        if not float32_payloads_equal(f, layout, original, copy):
+            raise tie_conflict(named, copy, original)
+    if {t.dtype for _, t in named} - {torch.float32}:
+        read_payloads(f, layout, Precheck(named, {}, HostBuffer()))
 
 
 class _Installer:
