@@ -37,6 +37,11 @@ RUNTIME_NAMES = (
     "save_optimizer",
     "load_optimizer",
     "MissingRandomCounterWarning",
+    "CheckpointManager",
+    "SaveHandle",
+    "Restored",
+    "save_checkpoint",
+    "load_checkpoint",
 )
 
 

@@ -4,6 +4,9 @@
 * :func:`save_module_state` / :func:`load_module_state` — float32 state as ``TLSF32B``.
 * :func:`save_state_bits` / :func:`load_state_bits` — any float dtype as exact-bits JSON.
 * :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF``.
+* :class:`CheckpointManager`, :func:`save_checkpoint` / :func:`load_checkpoint` — a whole
+  training state (model, optimizer, scheduler, hyperparameters, random states) as one
+  verified checkpoint set (:mod:`.checkpoint_sets`, :mod:`.checkpoint_manager`).
 
 Loads are all or nothing: the file is read and checked completely, and found unchanged,
 before anything live changes, and Ctrl-C is held back while live state is written. The one
@@ -28,6 +31,8 @@ from ..optional import require
 # Before anything below imports torch: without it, one message that says what to install.
 require("torch", "tlckpt.runtime (torch models and optimizers)")
 
+from .checkpoint_manager import CheckpointManager, SaveHandle  # noqa: E402
+from .checkpoint_sets import Restored, load_checkpoint, save_checkpoint  # noqa: E402
 from .module_state import (  # noqa: E402
     load_module_state,
     load_state_bits,
@@ -46,4 +51,9 @@ __all__ = [
     "save_optimizer",
     "load_optimizer",
     "MissingRandomCounterWarning",
+    "CheckpointManager",
+    "SaveHandle",
+    "Restored",
+    "save_checkpoint",
+    "load_checkpoint",
 ]
