@@ -53,6 +53,7 @@ from ..formats.checkpoint_set import (
 )
 from ..formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
 from . import adam_files, bits_files, float32_files, training_state
+from .local_placement import LOCAL
 from .module_state import save_module_state, save_state_bits
 from .optimizer import save_optimizer
 from .placement import Placement, placement_for
@@ -136,7 +137,7 @@ def live_source(
     state, float32 = _described(model)
     data = training_state.capture(step, optimizer, scheduler, random_counter, extra)
     placement = placement_for(model)
-    return SetSource(model, model, optimizer, state, float32, data, placement is not _local())
+    return SetSource(model, model, optimizer, state, float32, data, placement is not LOCAL)
 
 
 def snapshot_source(
@@ -156,12 +157,6 @@ def snapshot_source(
     state, float32 = _described(model)
     data = training_state.capture(step, optimizer, scheduler, random_counter, extra)
     return SetSource(snapshot.state, snapshot.params, snapshot.optimizer, state, float32, data)
-
-
-def _local() -> Placement:
-    from .local_placement import LOCAL
-
-    return LOCAL
 
 
 def _require_module(model: Any) -> None:
@@ -310,7 +305,7 @@ def restore_set(
     """
     _require_module(model)
     placement = placement_for(model)
-    if placement is not _local():
+    if placement is not LOCAL:
         return _restore_sharded(folder, model, optimizer, scheduler, rng)
     with contextlib.ExitStack() as stack:
         try:

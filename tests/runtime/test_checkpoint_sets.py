@@ -338,7 +338,7 @@ def test_training_state_values_round_trip_exactly(tmp_path: Path) -> None:
 
 
 def test_values_json_cannot_hold_are_refused_by_path(tmp_path: Path) -> None:
-    model, opt, sch = build(0)
+    model, _, _ = build(0)
     with pytest.raises(CheckpointError, match=r"extra\.w\[1\] is a torch\.Tensor"):
         save_checkpoint(tmp_path / "s", model=model, extra={"w": [1, torch.ones(2)]})
     with pytest.raises(CheckpointError, match=r"extra\.b is a builtins\.bytes"):
@@ -389,7 +389,7 @@ def test_non_float32_models_use_exact_bits_json(tmp_path: Path) -> None:
 
 
 def test_no_warning_on_a_clean_directory(tmp_path: Path) -> None:
-    model, opt, sch = build(0)
+    model, _, _ = build(0)
     manager = CheckpointManager(tmp_path)
     manager.save(0, model=model)
     with warnings.catch_warnings():

@@ -1,0 +1,213 @@
+"""Checkpoint sets against their goals: verified restore, digests, background saves.
+
+    .venv/bin/python -m bench.sets [--mib 256] [--reps 5] [--tmp DIR]
+
+Prints, for a float32 model of ``--mib`` MiB (16 tensors) with AdamW state (its moments are
+twice that again), the median of ``--reps`` runs of:
+
+* verified restore (``CheckpointManager.restore``: every member hashed, then the staged
+  loads from the same handles, then one commit) against the unverified staged loads of the
+  same member files (``load_module_state`` + ``load_optimizer``) — goal ≤ 1.3×;
+* a blocking set save with digests against the same save with the digest switched off (the
+  same protocol, members, fsyncs and rename) — goal ≤ 1.1×;
+* the ``save(..., blocking=False)`` call against a blocking save of the model's state alone
+  (``--mib`` MiB) — goal ≤ 0.3×, target one memcpy of the state (printed too);
+* a training loop's steps per second while a background save of the model and its
+  optimizer proceeds, against the same loop idle — goal ≥ 80%; and a pure-Python loop's
+  iterations per second in the same two situations, which measures what the writer thread
+  takes of the GIL alone.
+
+Page cache warm (each timed operation runs once untimed first). Ratios are of medians from
+one run. A figure-printing script, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import tlckpt
+from tlckpt.codec import checkpoint_set
+
+
+def _model(mib: int) -> torch.nn.ParameterList:
+    total = mib * 2**20 // 4
+    per = total // 16
+    torch.manual_seed(0)
+    return torch.nn.ParameterList(torch.nn.Parameter(torch.randn(per)) for _ in range(16))
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return opt
+
+
+def _median(fn: Callable[[], object], reps: int, setup: Callable[[], object] | None = None) -> float:
+    times = []
+    for k in range(reps + 1):
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        fn()
+        if k:  # the first run warms the page cache and the allocator
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class _NoDigest:
+    """Stands in for the hash: the same writes, no digest."""
+
+    def update(self, data: object) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return "0" * 32
+
+
+def _restore(folder: Path, model, opt, reps: int) -> None:
+    manager = tlckpt.CheckpointManager(folder)
+    manager.save(1, model=model, optimizer=opt)
+    member = folder / "step-00000000000000000001"
+    verified = _median(lambda: manager.restore(model=model, optimizer=opt), reps)
+    unverified = _median(
+        lambda: (
+            tlckpt.load_module_state(model, member / "model.tlsf32"),
+            tlckpt.load_optimizer(opt, model, member / "optimizer.tladam"),
+        ),
+        reps,
+    )
+    print(
+        f"restore      verified {verified * 1e3:8.1f} ms   unverified loads"
+        f" {unverified * 1e3:8.1f} ms   ratio {verified / unverified:.2f}  (goal <= 1.3)"
+    )
+
+
+def _digests(folder: Path, model, opt, reps: int) -> None:
+    step = iter(range(10**6))
+    manager = tlckpt.CheckpointManager(folder, keep_last=1)
+    real = checkpoint_set.xxhash.xxh3_128
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for k in range(reps + 1):
+        for digest in (True, False):  # alternating: the disk's drift spreads over both
+            checkpoint_set.xxhash.xxh3_128 = real if digest else _NoDigest  # type: ignore[assignment]
+            try:
+                start = time.perf_counter()
+                manager.save(next(step), model=model, optimizer=opt)
+                if k:
+                    times[digest].append(time.perf_counter() - start)
+            finally:
+                checkpoint_set.xxhash.xxh3_128 = real  # type: ignore[assignment]
+    with_digest, without = statistics.median(times[True]), statistics.median(times[False])
+    print(
+        f"save         digests {with_digest * 1e3:8.1f} ms   no digests"
+        f" {without * 1e3:8.1f} ms   ratio {with_digest / without:.2f}  (goal <= 1.1)"
+    )
+
+
+def _background_call(folder: Path, model, reps: int, mib: int) -> None:
+    step = iter(range(10**6))
+    manager = tlckpt.CheckpointManager(folder, keep_last=1)
+    blocking = _median(lambda: manager.save(next(step), model=model), reps)
+    calls = []
+    for k in range(reps + 1):
+        manager.wait()
+        start = time.perf_counter()
+        manager.save(next(step), model=model, blocking=False)
+        if k:
+            calls.append(time.perf_counter() - start)
+    manager.wait()
+    call = statistics.median(calls)
+    copies = [p.detach().clone() for p in model.parameters()]
+    memcpy = _median(lambda: [c.copy_(p.detach()) for c, p in zip(copies, model.parameters())], reps)
+    print(
+        f"background   call {call * 1e3:8.1f} ms   blocking save {blocking * 1e3:8.1f} ms"
+        f"   ratio {call / blocking:.2f}  (goal <= 0.3)   one memcpy of {mib} MiB"
+        f" {memcpy * 1e3:.1f} ms"
+    )
+
+
+def _rate(work: Callable[[], None], seconds: float) -> float:
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        work()
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def _contention(folder: Path, model, opt, seconds: float) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    net_opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x = torch.randn(64, 256)
+
+    def train_step() -> None:
+        net_opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        net_opt.step()
+
+    def python_step() -> None:
+        total = 0
+        for i in range(2000):
+            total += i * i
+
+    manager = tlckpt.CheckpointManager(folder, keep_last=1)
+    step = iter(range(10**6))
+    for label, work in (("training loop", train_step), ("pure-Python loop", python_step)):
+        idle = _rate(work, seconds)
+        rates = []
+        busy_time = 0.0
+        while busy_time < seconds:
+            manager.wait()
+            handle = manager.save(next(step), model=model, optimizer=opt, blocking=False)
+            count, start = 0, time.perf_counter()
+            while not handle.done():
+                work()
+                count += 1
+            elapsed = time.perf_counter() - start
+            busy_time += elapsed
+            rates.append(count / elapsed)
+        busy = statistics.median(rates)
+        print(
+            f"{label:<17} idle {idle:9.1f}/s   during background saves {busy:9.1f}/s"
+            f"   kept {busy / idle:.0%}  (goal >= 80%)"
+        )
+    manager.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--tmp", default=None)
+    parser.add_argument("--only", choices=("restore", "digests", "background", "contention"))
+    args = parser.parse_args()
+    model = _model(args.mib)
+    opt = _optimizer(model)
+    print(
+        f"{args.mib} MiB float32 model (16 tensors) + AdamW moments, {torch.get_num_threads()}"
+        " torch threads"
+    )
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        root = Path(tmp)
+        if args.only in (None, "restore"):
+            _restore(root / "restore", model, opt, args.reps)
+        if args.only in (None, "digests"):
+            _digests(root / "digests", model, opt, args.reps)
+        if args.only in (None, "background"):
+            _background_call(root / "background", model, args.reps, args.mib)
+        if args.only in (None, "contention"):
+            _contention(root / "contention", model, opt, args.seconds)
+
+
+if __name__ == "__main__":
+    main()
