@@ -7,15 +7,17 @@ twice that again), the median of ``--reps`` runs of:
 
 * verified restore (``CheckpointManager.restore``: every member hashed, then the staged
   loads from the same handles, then one commit) against the unverified staged loads of the
-  same member files (``load_module_state`` + ``load_optimizer``) — goal ≤ 1.3×;
+  same member files (``load_module_state`` + ``load_optimizer``) — goal ≤ 1.3x;
 * a blocking set save with digests against the same save with the digest switched off (the
-  same protocol, members, fsyncs and rename) — goal ≤ 1.1×;
+  same protocol, members, fsyncs and rename) — goal ≤ 1.1x;
 * the ``save(..., blocking=False)`` call against a blocking save of the model's state alone
-  (``--mib`` MiB) — goal ≤ 0.3×, target one memcpy of the state (printed too);
+  (``--mib`` MiB) — goal ≤ 0.3x, target one memcpy of the state (printed too);
 * a training loop's steps per second while a background save of the model and its
   optimizer proceeds, against the same loop idle — goal ≥ 80%; and a pure-Python loop's
-  iterations per second in the same two situations, which measures what the writer thread
-  takes of the GIL alone.
+  iterations per second in the same two situations;
+* the GIL probe: the pure-Python loop idle, while the writer runs as this process's thread,
+  and while the same saves run in another process. A writer thread that held the GIL would
+  cost the loop more than the process does; what both cost is the machine's cores.
 
 Page cache warm (each timed operation runs once untimed first). Ratios are of medians from
 one run. A figure-printing script, not a test.
@@ -24,7 +26,10 @@ one run. A figure-printing script, not a test.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -51,11 +56,9 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return opt
 
 
-def _median(fn: Callable[[], object], reps: int, setup: Callable[[], object] | None = None) -> float:
+def _median(fn: Callable[[], object], reps: int) -> float:
     times = []
     for k in range(reps + 1):
-        if setup is not None:
-            setup()
         start = time.perf_counter()
         fn()
         if k:  # the first run warms the page cache and the allocator
@@ -127,7 +130,8 @@ def _background_call(folder: Path, model, reps: int, mib: int) -> None:
     manager.wait()
     call = statistics.median(calls)
     copies = [p.detach().clone() for p in model.parameters()]
-    memcpy = _median(lambda: [c.copy_(p.detach()) for c, p in zip(copies, model.parameters())], reps)
+    pairs = list(zip(copies, model.parameters()))
+    memcpy = _median(lambda: [c.copy_(p.detach()) for c, p in pairs], reps)
     print(
         f"background   call {call * 1e3:8.1f} ms   blocking save {blocking * 1e3:8.1f} ms"
         f"   ratio {call / blocking:.2f}  (goal <= 0.3)   one memcpy of {mib} MiB"
@@ -183,13 +187,74 @@ def _contention(folder: Path, model, opt, seconds: float) -> None:
     manager.wait()
 
 
+_WRITER_PROCESS = """
+import sys, torch, tlckpt
+from bench.sets import _model, _optimizer
+model = _model(int(sys.argv[1])); opt = _optimizer(model)
+manager = tlckpt.CheckpointManager(sys.argv[2], keep_last=1)
+print("ready", flush=True)
+step = 0
+while True:
+    manager.save(step, model=model, optimizer=opt)
+    step += 1
+"""
+
+
+def _gil(folder: Path, model, opt, seconds: float, mib: int) -> None:
+    """The pure-Python loop while the same set saves run in a thread of this process and in
+    another process: the difference is what the writer thread takes of the GIL (the rest is
+    the machine's cores and memory bandwidth, which a process would share as well)."""
+
+    def python_step() -> None:
+        total = 0
+        for i in range(2000):
+            total += i * i
+
+    idle = _rate(python_step, seconds)
+    manager = tlckpt.CheckpointManager(folder / "thread", keep_last=1)
+    step = iter(range(10**6))
+    count, elapsed = 0, 0.0
+    while elapsed < seconds:
+        manager.wait()
+        handle = manager.save(next(step), model=model, optimizer=opt, blocking=False)
+        start = time.perf_counter()
+        while not handle.done():
+            python_step()
+            count += 1
+        elapsed += time.perf_counter() - start
+    manager.wait()
+    in_thread = count / elapsed
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITER_PROCESS, str(mib), str(folder / "process")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        in_process = _rate(python_step, seconds)
+    finally:
+        child.kill()
+        child.wait()
+    print(
+        f"GIL probe        idle {idle:9.1f}/s   writer thread {in_thread:9.1f}/s"
+        f" ({in_thread / idle:.0%})   writer process {in_process:9.1f}/s"
+        f" ({in_process / idle:.0%})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--tmp", default=None)
-    parser.add_argument("--only", choices=("restore", "digests", "background", "contention"))
+    parser.add_argument(
+        "--only", choices=("restore", "digests", "background", "contention", "gil")
+    )
     args = parser.parse_args()
     model = _model(args.mib)
     opt = _optimizer(model)
@@ -207,6 +272,8 @@ def main() -> None:
             _background_call(root / "background", model, args.reps, args.mib)
         if args.only in (None, "contention"):
             _contention(root / "contention", model, opt, args.seconds)
+        if args.only in (None, "gil"):
+            _gil(root / "gil", model, opt, args.seconds, args.mib)
 
 
 if __name__ == "__main__":
