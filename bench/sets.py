@@ -252,9 +252,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--tmp", default=None)
-    parser.add_argument(
-        "--only", choices=("restore", "digests", "background", "contention", "gil")
-    )
+    parser.add_argument("--only", choices=("restore", "digests", "background", "contention", "gil"))
     args = parser.parse_args()
     model = _model(args.mib)
     opt = _optimizer(model)
