@@ -338,10 +338,13 @@ def _fit_and_commit(
             return Path(manifest.members[role].file)  # never opened on this rank
         return verified.file(role)
 
-    _check_names(manifest.state, model)
-    if optimizer is not None and "optimizer" not in manifest.members:
-        raise CheckpointError("an optimizer was given, and the set holds no optimizer member")
-    application = training_state.prepare(state, optimizer, scheduler, rng)
+    def fits() -> training_state.Application:
+        _check_names(manifest.state, model)
+        if optimizer is not None and "optimizer" not in manifest.members:
+            raise CheckpointError("an optimizer was given, and the set holds no optimizer member")
+        return training_state.prepare(state, optimizer, scheduler, rng)
+
+    application = placement.agree(fits)  # every rank goes on, or every rank raises
     with contextlib.ExitStack() as plans:
         if manifest.members["model"].file == MODEL_FLOAT32_FILE:
             model_plan = float32_files.plan_load(placement, model, member("model"), staged=True)

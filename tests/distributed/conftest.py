@@ -32,6 +32,7 @@ CHECKS = {
         "save_failures",
         "exact_bits_dtypes",
         "hsdp_meshes",
+        "checkpoint_sets",
         "memory",
     ],
     3: [

@@ -570,6 +570,41 @@ def hsdp_meshes(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 @check
+def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint set of the sharded run: every rank saves, rank 0 commits; its model
+    member is the single-process file; a restore into fresh shards equals the saved run."""
+    import tlckpt
+
+    model, opt = sharded_model(ctx["mesh"], seed=0)
+    counter = train(model, opt, 0, K)
+    manager = tlckpt.CheckpointManager(MINE / "sets")
+    folder = manager.save(K, model=model, optimizer=opt, random_counter=counter).wait()
+    dist.barrier()
+    same_model = on_writer(
+        lambda: (folder / "model.tlsf32").read_bytes() == (MINE / "model.tlsf32").read_bytes()
+    )
+    verified = on_writer(lambda: tlckpt.verify_checkpoint(folder).world_size)
+    saved = torch.load(MINE / "saved.pt", weights_only=True)
+    fresh, fresh_opt = sharded_model(ctx["mesh"], seed=4321)
+    restored = manager.restore(model=fresh, optimizer=fresh_opt)
+    after = differences(snapshot(fresh, fresh_opt), saved)
+    try:
+        manager.save(K + 1, model=model, optimizer=opt, blocking=False)
+        background = "accepted"
+    except tlckpt.CheckpointError as exc:
+        background = str(exc)
+    dist.barrier()
+    return {
+        "steps": manager.steps(),
+        "same_model": same_model,
+        "world_size": verified,
+        "counter": restored.random_counter,
+        "after_restore": after,
+        "background": background,
+    }
+
+
+@check
 def memory(ctx: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's resident-set peak while saving a model of large parameters."""
     from measure_memory import measure

@@ -218,3 +218,15 @@ def test_timings(groups, record_property):
     seconds = {k: round(v, 1) for k, v in groups["seconds"].items()}
     print(f"\nseconds per world size (1 = this process): {seconds}")
     record_property("seconds", seconds)
+
+
+def test_checkpoint_set_of_a_sharded_model(groups):
+    """Every rank saves and restores; rank 0 writes the members (the model member is the
+    single-process file) and commits the manifest once every rank has confirmed."""
+    results = report(groups, 2, "checkpoint_sets")
+    assert results[0]["same_model"] is True and results[0]["world_size"] == 2
+    for r in results:
+        assert r["steps"] == [K]
+        assert r["counter"] == K
+        assert r["after_restore"] == []
+        assert "not supported" in r["background"]
