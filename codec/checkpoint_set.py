@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
+import importlib.metadata
 import os
 import shutil
 import stat
@@ -51,7 +53,13 @@ from .atomic import (
     temporary_name,
     temporary_prefix,
 )
-from .errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
+from .errors import (
+    CheckpointError,
+    FileChangedError,
+    FileTooLargeError,
+    IntegrityError,
+    names_the_file,
+)
 from .families import HEAD_BYTES, head_family
 from .inspection import inspect
 from .set_documents import (
@@ -74,7 +82,6 @@ __all__ = [
     "committed_steps",
     "candidate_steps",
     "read_manifest",
-    "read_training_state",
     "latest_verified",
     "clean_leftovers",
     "remove_set",
@@ -93,11 +100,14 @@ class SkippedCheckpointWarning(UserWarning):
     set, the member and the check that failed."""
 
 
+@functools.cache
 def library_name() -> str:
-    """What a manifest records as its writer: ``"tlckpt <version>"``."""
-    from .. import __version__  # the package's version; imported late (the package imports us)
-
-    return f"tlckpt {__version__}"
+    """What a manifest records as its writer: ``"tlckpt <version>"`` (the installed
+    distribution's version; the package itself imports this module, so it is not asked)."""
+    try:
+        return f"tlckpt {importlib.metadata.version('tlckpt')}"
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "tlckpt (not installed)"
 
 
 def check_step(step: Any) -> int:
@@ -467,10 +477,12 @@ def _read_bounded(path: str, limit: int, what: str) -> bytes:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
-            raise CheckpointError(
+            raise FileTooLargeError(
                 f"the {what} has {size:,} bytes, more than the {limit:,} a {what} may have",
                 path=path,
+                field=what,
                 actual=size,
+                expected=f"at most {limit} bytes",
             )
         return f.read(limit + 1)
 
@@ -665,12 +677,6 @@ class VerifiedSet:
                     actual=now.size,
                     expected=opened.stamp.size,
                 )
-
-
-def read_training_state(folder: str | os.PathLike) -> TrainingState:
-    """The verified set's training state (every member verified first)."""
-    with VerifiedSet.open(folder) as verified:
-        return verified.training_state()
 
 
 @names_the_file()

@@ -18,7 +18,7 @@ def test_sigkill_during_set_saves_never_damages_or_loses_a_set(tmp_path: Path) -
         [
             "fuzz.set_crash_kill",
             "--trials",
-            "12",
+            "8",
             "--size-mb",
             "2",
             "--quiet",
@@ -30,7 +30,7 @@ def test_sigkill_during_set_saves_never_damages_or_loses_a_set(tmp_path: Path) -
     report = last_json(proc.stdout)
     assert report, proc.stdout + proc.stderr[-3000:]
     assert report["problems"] == [], report
-    assert report["trials_killed"] >= 3, report
-    assert report["restores_checked"] == 14, report
+    assert report["trials_killed"] >= 2, report
+    assert report["restores_checked"] == 10, report
     assert report["max_leftovers"] <= 2, report
     assert proc.returncode == 0, proc.stdout

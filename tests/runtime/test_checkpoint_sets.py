@@ -395,3 +395,29 @@ def test_no_warning_on_a_clean_directory(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert manager.latest() == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_background_save_holds_the_values_at_the_call(tmp_path: Path) -> None:
+    """Device tensors are copied on a side stream into pinned memory; kernels the training
+    stream runs after the call cannot reach the copy."""
+    model, _, _ = build(0)
+    model.cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(5, 6, device="cuda")).sum().backward()
+    opt.step()
+    at_call = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    manager = CheckpointManager(tmp_path)
+    handle = manager.save(1, model=model, optimizer=opt, blocking=False)
+    with torch.no_grad():  # queued right behind the copies on the training stream
+        for p in model.parameters():
+            p.mul_(-2.0).add_(1.0)
+    handle.wait()
+    fresh, _, _ = build(3)
+    fresh.cuda()
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    manager.restore(model=fresh, optimizer=fresh_opt)
+    for k, v in fresh.state_dict().items():
+        assert v.is_cuda and torch.equal(v.cpu(), at_call[k]), k
+    assert all(s["exp_avg"].is_cuda for s in fresh_opt.state.values())
