@@ -33,6 +33,7 @@ import shutil
 import stat
 import warnings
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -75,6 +76,7 @@ from .source import FileStamp
 __all__ = [
     "SkippedCheckpointWarning",
     "DigestingWriter",
+    "DigestingReader",
     "SetWriter",
     "VerifiedSet",
     "check_step",
@@ -131,13 +133,31 @@ def set_path(directory: str | os.PathLike, step: int) -> Path:
 # --------------------------------------------------------------------------- writing
 
 
+#: Buffers from this size on are hashed by the digest thread while the calling thread writes
+#: them (both release the GIL, so the two run on two cores); smaller ones are hashed inline.
+PARALLEL_DIGEST_BYTES = 1 << 20
+
+_digest_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _digest_thread() -> ThreadPoolExecutor:
+    """The digest thread of this process (a forked child gets its own: the parent's thread
+    does not exist in it)."""
+    global _digest_pool
+    if _digest_pool is None or _digest_pool[0] != os.getpid():
+        _digest_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tlckpt-digest"))
+    return _digest_pool[1]
+
+
 class DigestingWriter:
     """A binary file object that hashes and counts every byte on its way to ``file``.
 
-    The digest is of the bytes in the order written (``xxh3_128``, which releases the GIL on
-    large buffers). The first :data:`~.families.HEAD_BYTES` are kept, to name the family.
-    Seeking is not offered: a writer that needs it gets ``io.UnsupportedOperation``-like
-    ``AttributeError`` rather than a digest of bytes out of order.
+    The digest is of the bytes in the order written (``xxh3_128``); one pass over the data,
+    never a second one over the file. A large buffer is hashed by a worker thread while this
+    thread writes it (both release the GIL), and :meth:`write` returns once both are done,
+    so the caller may reuse its buffer at once and updates stay in order. The first
+    :data:`~.families.HEAD_BYTES` are kept, to name the family. Seeking is not offered: a
+    writer that needs it fails (``AttributeError``) rather than digest bytes out of order.
     """
 
     def __init__(self, file: BinaryIO):
@@ -151,10 +171,17 @@ class DigestingWriter:
         if not view.c_contiguous:
             raise ValueError("write() needs a contiguous buffer")
         view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-        written = self.file.write(view)
+        if view.nbytes >= PARALLEL_DIGEST_BYTES:
+            hashing = _digest_thread().submit(self.hash.update, view)
+            try:
+                written = self.file.write(view)
+            finally:
+                hashing.result()  # the caller may reuse the buffer once we return
+        else:
+            written = self.file.write(view)
+            self.hash.update(view)
         if written is not None and written != view.nbytes:  # a raw file's short write
             raise OSError(errno.EIO, f"short write: {written} of {view.nbytes} bytes")
-        self.hash.update(view)
         if len(self.head) < HEAD_BYTES:
             self.head += view[: HEAD_BYTES - len(self.head)]
         self.size += view.nbytes
@@ -542,25 +569,150 @@ def committed_steps(directory: str | os.PathLike) -> list[int]:
     return steps
 
 
-def _hash_file(file: BinaryIO, buffer: bytearray) -> tuple[str, int]:
+def _hash_range(fd: int, h: Any, start: int, stop: int, buffer: bytearray) -> int:
+    """Feed bytes ``[start, stop)`` of ``fd`` to ``h`` (``pread``: the handle's position is
+    left alone); returns where it stopped (before ``stop`` at the end of the file)."""
+    view = memoryview(buffer)
+    pos = start
+    while pos < stop:
+        n = os.preadv(fd, [view[: min(len(view), stop - pos)]], pos)
+        if not n:
+            break
+        h.update(view[:n])
+        pos += n
+    return pos
+
+
+def _hash_file(file: BinaryIO, size_hint: int) -> tuple[str, int]:
     """The digest and length of ``file``'s bytes from the start (one sequential pass)."""
     h = xxhash.xxh3_128()
-    view = memoryview(buffer)
-    fd = file.fileno()
-    total = 0
-    while True:
-        n = os.preadv(fd, [view], total)
-        if not n:
-            return h.hexdigest(), total
-        h.update(view[:n])
-        total += n
+    buffer = bytearray(min(HASH_CHUNK, max(size_hint, 1)))
+    # Past the size hint, on to the end: a file that grew shows in the length.
+    length = _hash_range(file.fileno(), h, 0, 2**63 - 1, buffer)
+    return h.hexdigest(), length
+
+
+#: A read this close past the hashed prefix first hashes the bytes in between (a record's
+#: header between two payloads); a longer jump is left for :meth:`DigestingReader.finish`,
+#: where it is hashed once (a checking pass that skips payloads would otherwise hash them
+#: all a second time by ``pread`` before the payload pass reads them).
+GAP_BYTES = 64 << 10
+
+
+class DigestingReader:
+    """A read-only view of an open member file that hashes its bytes as a load reads them.
+
+    The digest is of the file's bytes in order. A read that starts inside, at, or just past
+    (:data:`GAP_BYTES`) the prefix hashed so far extends it with the very bytes the caller
+    receives — hashed before they are handed over, so what was loaded is what was hashed.
+    Bytes the caller never reads, or reads out of order, are hashed by :meth:`finish` (one
+    ``pread`` pass over what is left). A load that reads its file front to back is thus
+    verified without a second pass; any other pattern stays correct and costs the rest.
+
+    The position is tracked here (every read goes through this object); ``fileno`` is
+    offered for ``fstat`` only — bytes read through the descriptor directly are hashed by
+    :meth:`finish` like any unread ones.
+    """
+
+    def __init__(self, file: BinaryIO, name: Any = None):
+        self.file = file
+        self.name = name
+        self.hash = xxhash.xxh3_128()
+        self.hashed = 0  # bytes [0, hashed) went into the hash
+        self.pos = file.seek(0)
+
+    def _consume(self, start: int, view: memoryview) -> None:
+        if self.hashed < start <= self.hashed + GAP_BYTES:
+            self.hashed = _hash_range(
+                self.file.fileno(), self.hash, self.hashed, start, bytearray(start - self.hashed)
+            )
+        end = start + view.nbytes
+        if start <= self.hashed < end:
+            self.hash.update(view[self.hashed - start :])
+            self.hashed = end
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.file.read(size)
+        self._consume(self.pos, memoryview(data))
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = self.file.readinto(view) or 0
+        self._consume(self.pos, view[:n])
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.pos = self.file.seek(offset, whence)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def finish(self) -> tuple[str, int]:
+        """Hash whatever was not read in order, up to the end of the file.
+
+        Returns:
+            The digest of the whole file and its length (as found now).
+        """
+        fd = self.file.fileno()
+        left = os.fstat(fd).st_size - self.hashed
+        end = _hash_range(
+            fd, self.hash, self.hashed, 2**63 - 1, bytearray(min(HASH_CHUNK, max(left, 1)))
+        )
+        self.hashed = end
+        return self.hash.hexdigest(), end
+
+
+def _compare(role: str, path: Path, record: MemberRecord, digest: str, length: int) -> None:
+    """Compare a member's digest and length (as hashed) with the manifest's.
+
+    Raises:
+        IntegrityError: the digest differs.
+        FileChangedError: the file's length changed while it was hashed.
+    """
+    if length != record.size:
+        raise FileChangedError(
+            f"member {role} changed while it was verified ({length} bytes read)",
+            path=path,
+            actual=length,
+            expected=record.size,
+        )
+    if digest != record.digest:
+        raise IntegrityError(
+            f"member {role} ({record.file}): digest {digest} differs from the manifest's"
+            f" {record.digest} (the file's bytes are damaged)",
+            check="digest",
+            path=path,
+            field=f"members.{role}",
+            actual=digest,
+            expected=record.digest,
+        )
+
+
+#: With ``streaming``, members up to this size are still hashed when the set is opened:
+#: the training state is parsed right away, and a small member costs nothing to hash twice.
+_INLINE_BYTES = 4 << 20
 
 
 @dataclass
 class _Opened:
     record: MemberRecord
+    path: Path
     file: BinaryIO
     stamp: FileStamp
+    reader: DigestingReader | None = None  # None: hashed when the set was opened
 
 
 @dataclass
@@ -572,6 +724,12 @@ class VerifiedSet:
     :meth:`confirm_unchanged` checks afterwards that no member changed in place since it
     was hashed: the bytes verified are the bytes loaded. Use :func:`VerifiedSet.open` as a
     context manager.
+
+    With ``streaming=True`` the large members are hashed while the caller reads them
+    through :meth:`file` (a :class:`DigestingReader`: one pass over the bytes for the load
+    and the digest together), and :meth:`finish_digests` hashes what the load skipped and
+    compares. A caller must call it before anything live changes — the plan of a damaged
+    file is then never committed.
     """
 
     folder: Path
@@ -580,8 +738,9 @@ class VerifiedSet:
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, folder: str | os.PathLike) -> Iterator[VerifiedSet]:
-        """Open and verify every member of the set in ``folder``.
+    def open(cls, folder: str | os.PathLike, *, streaming: bool = False) -> Iterator[VerifiedSet]:
+        """Open every member of the set in ``folder`` and verify it (the large ones while
+        they are read, with ``streaming``; see the class docstring).
 
         Raises:
             IntegrityError: a member is missing, or its size or digest differs (the message
@@ -592,7 +751,6 @@ class VerifiedSet:
         folder = Path(folder)
         manifest = read_manifest(folder)
         verified = cls(folder, manifest)
-        buffer = bytearray(HASH_CHUNK)
         with contextlib.ExitStack() as stack:
             for role, record in manifest.members.items():
                 path = folder / record.file
@@ -616,30 +774,36 @@ class VerifiedSet:
                         actual=stamp.size,
                         expected=record.size,
                     )
-                digest, length = _hash_file(f, buffer)
-                if length != record.size:
-                    raise FileChangedError(
-                        f"member {role} changed while it was verified ({length} bytes read)",
-                        path=path,
-                        actual=length,
-                        expected=record.size,
+                verified.members[role] = _Opened(record, path, f, stamp)
+            for role, opened in verified.members.items():
+                if streaming and role != "training_state" and opened.record.size > _INLINE_BYTES:
+                    opened.reader = DigestingReader(opened.file, getattr(opened.file, "name", None))
+                else:
+                    _compare(
+                        role,
+                        opened.path,
+                        opened.record,
+                        *_hash_file(opened.file, opened.record.size),
                     )
-                if digest != record.digest:
-                    raise IntegrityError(
-                        f"member {role} ({record.file}): digest {digest} differs from the"
-                        f" manifest's {record.digest} (the file's bytes are damaged)",
-                        check="digest",
-                        path=path,
-                        field=f"members.{role}",
-                        actual=digest,
-                        expected=record.digest,
-                    )
-                verified.members[role] = _Opened(record, f, stamp)
             yield verified
 
+    def finish_digests(self) -> None:
+        """Hash what the loads did not read of the streamed members, and compare every
+        digest with the manifest's (nothing to do without ``streaming``).
+
+        Raises:
+            IntegrityError: a member's digest differs from the manifest's.
+            FileChangedError: a member's length changed while it was hashed.
+        """
+        for role, opened in self.members.items():
+            if opened.reader is not None:
+                _compare(role, opened.path, opened.record, *opened.reader.finish())
+
     def file(self, role: str) -> BinaryIO:
-        """The verified member's open handle, at its start."""
-        f = self.members[role].file
+        """The verified member's open handle (its digesting reader when streamed), at its
+        start."""
+        opened = self.members[role]
+        f: Any = opened.reader if opened.reader is not None else opened.file
         f.seek(0)
         return f
 
@@ -673,7 +837,7 @@ class VerifiedSet:
                 raise FileChangedError(
                     f"member {role} changed after it was verified (another process wrote it"
                     " in place)",
-                    path=self.folder / opened.record.file,
+                    path=opened.path,
                     actual=now.size,
                     expected=opened.stamp.size,
                 )

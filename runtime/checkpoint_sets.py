@@ -9,15 +9,18 @@ then the manifest commits the set.
 
 Restoring (:func:`restore_set`) has two phases:
 
-1. *verify*: the manifest is read, every member opened and hashed (size and digest against
-   the manifest), the training-state document parsed. A failure here means the set is
+1. *open*: the manifest is read, every member opened and its size checked, the small members
+   hashed (the training-state document is parsed next). A failure here means the set is
    damaged or incomplete (a caller asking for the latest set falls back to the previous one);
 2. *fit and commit*: the manifest's tensor names and shapes are compared with the model's
    (same shapes under other names is refused), the scheduler, param groups and random
    states are checked against the live objects, the model and optimizer loads are planned
-   from the very handles that were hashed, the members are checked not to have changed
-   since, and only then does one commit block (Ctrl-C held back) write the scheduler, the
-   model, the optimizer, the param groups' hyperparameters and the random states.
+   (staged, off to the side) by reading the large members through digesting readers — the
+   bytes hashed are the bytes loaded, in one pass; a plan that fails on a damaged member
+   reports the digest, and the fallback applies. Every digest is then completed and
+   compared, the members are checked not to have changed since, and only then does one
+   commit block (Ctrl-C held back) write the scheduler, the model, the optimizer, the param
+   groups' hyperparameters and the random states.
 
 Models holding DTensors are saved and restored as collectives, like the file functions:
 every rank calls, rank 0 writes and reads the files, and the manifest is committed only
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,14 +313,31 @@ def restore_set(
         return _restore_sharded(folder, model, optimizer, scheduler, rng)
     with contextlib.ExitStack() as stack:
         try:
-            verified = stack.enter_context(VerifiedSet.open(folder))
+            verified = stack.enter_context(VerifiedSet.open(folder, streaming=True))
             state = verified.training_state()
         except (CheckpointError, OSError) as exc:
             if fallback:
                 raise _Unverified() from exc
             raise
+
+        def digests_verified() -> None:
+            try:
+                verified.finish_digests()
+            except (CheckpointError, OSError) as exc:
+                if fallback:
+                    raise _Unverified() from exc
+                raise
+
         return _fit_and_commit(
-            placement, verified, state, verified.manifest, model, optimizer, scheduler, rng
+            placement,
+            verified,
+            state,
+            verified.manifest,
+            model,
+            optimizer,
+            scheduler,
+            rng,
+            digests_verified,
         )
 
 
@@ -329,9 +350,17 @@ def _fit_and_commit(
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     rng: bool,
+    digests_verified: Callable[[], None] = lambda: None,
 ) -> Restored:
     """Phase 2 (see the module docstring); ``verified`` is ``None`` on a rank that does not
-    read the files."""
+    read the files.
+
+    Args:
+        digests_verified: returns once the members' digests (hashed while the loads are
+            planned from the same handles) have been checked, or raises why not. A damaged
+            member takes precedence over the error its plan raised: it is why the plan
+            failed.
+    """
 
     def member(role: str) -> Any:
         if verified is None:
@@ -346,17 +375,22 @@ def _fit_and_commit(
 
     application = placement.agree(fits)  # every rank goes on, or every rank raises
     with contextlib.ExitStack() as plans:
-        if manifest.members["model"].file == MODEL_FLOAT32_FILE:
-            model_plan = float32_files.plan_load(placement, model, member("model"), staged=True)
-        else:
-            model_plan = bits_files.plan_load(placement, model, member("model"))
-        plans.enter_context(model_plan)
-        optimizer_plan = None
-        if optimizer is not None:
-            optimizer_plan = adam_files.plan_load(
-                placement, optimizer, model, member("optimizer"), False
-            )
-            plans.enter_context(optimizer_plan)
+        try:
+            if manifest.members["model"].file == MODEL_FLOAT32_FILE:
+                model_plan = float32_files.plan_load(placement, model, member("model"), staged=True)
+            else:
+                model_plan = bits_files.plan_load(placement, model, member("model"))
+            plans.enter_context(model_plan)
+            optimizer_plan = None
+            if optimizer is not None:
+                optimizer_plan = adam_files.plan_load(
+                    placement, optimizer, model, member("optimizer"), False
+                )
+                plans.enter_context(optimizer_plan)
+        except (CheckpointError, OSError):
+            digests_verified()  # a damaged member is the reason, if there is one
+            raise
+        digests_verified()
         if verified is not None:
             placement.agree(verified.confirm_unchanged)
         else:

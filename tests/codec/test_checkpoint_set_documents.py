@@ -5,8 +5,10 @@
 * the manifest and the training-state document: built ones parse; every missing, unknown,
   ill-typed or doubled key, wrong format tag or version, oversize document is the right
   ``CheckpointError``; random byte mutations raise nothing else;
-* the writer: digests are of the bytes in order, a failed set leaves no folder, an existing
-  step is refused.
+* the writer: digests are of the bytes in order (large buffers hashed beside the write
+  too), a failed set leaves no folder, an existing step is refused;
+* the digesting reader: whatever a load reads, skips, re-reads or reads out of order, the
+  digest is of the whole file in order, and every read returns the file's bytes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from tlckpt.codec import (
     UnsupportedVersionError,
     verify_checkpoint,
 )
-from tlckpt.codec.checkpoint_set import SetWriter, clean_leftovers, committed_steps
+from tlckpt.codec.checkpoint_set import (
+    GAP_BYTES,
+    PARALLEL_DIGEST_BYTES,
+    DigestingReader,
+    SetWriter,
+    clean_leftovers,
+    committed_steps,
+)
 from tlckpt.codec.exact_values import TensorScalar, decode_value, encode_value
 from tlckpt.codec.set_documents import (
     MemberRecord,
@@ -279,3 +288,71 @@ def test_a_failed_set_leaves_nothing_and_steps_are_not_overwritten(tmp_path: Pat
     assert clean_leftovers(tmp_path) == []
     with pytest.raises(IntegrityError, match="never committed"):
         verify_checkpoint(tmp_path / folder_name(2))
+
+
+def test_large_buffers_are_hashed_in_order_beside_the_write(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    pieces = [rng.bytes(n) for n in (PARALLEL_DIGEST_BYTES + 3, 10, 2 * PARALLEL_DIGEST_BYTES)]
+    with SetWriter(tmp_path / folder_name(1), 1) as writer:
+        with writer.member("model", "model.tlsf32", 1, "float32_state") as f:
+            for piece in pieces:
+                assert f.write(np.frombuffer(piece, np.uint8)) == len(piece)
+        record = writer.records()["model"]
+    data = b"".join(pieces)
+    assert record.digest == xxhash.xxh3_128(data).hexdigest() and record.size == len(data)
+
+
+# --------------------------------------------------------------------------- the reader
+
+_SIZE = 3 * GAP_BYTES + 1000
+_positions = st.one_of(
+    st.integers(0, _SIZE + 10), st.sampled_from([0, GAP_BYTES, 2 * GAP_BYTES + 1, _SIZE])
+)
+_reads = st.lists(
+    st.tuples(
+        st.one_of(st.none(), _positions),  # None: read on from where the last read ended
+        st.integers(0, 2 * GAP_BYTES),
+        st.booleans(),  # readinto or read
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_reads)
+def test_streamed_digest_is_of_the_whole_file_whatever_the_reads(tmp_path_factory, reads) -> None:
+    path = tmp_path_factory.mktemp("reader") / "member"
+    data = np.random.default_rng(len(reads)).bytes(_SIZE)
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        reader = DigestingReader(f)
+        for where, size, into in reads:
+            start = reader.tell() if where is None else reader.seek(where)
+            if into:
+                buffer = bytearray(size)
+                got = bytes(buffer[: reader.readinto(buffer)])
+            else:
+                got = reader.read(size)
+            assert got == data[start : start + size]
+            assert reader.tell() == start + len(got)
+        assert reader.finish() == (xxhash.xxh3_128(data).hexdigest(), len(data))
+
+
+def test_a_front_to_back_load_is_hashed_as_it_reads(tmp_path: Path) -> None:
+    """Headers are read, payloads skipped (a checking pass); then the payloads are read
+    with the headers between them skipped: every byte went into the hash during the
+    second pass, so finishing reads nothing more."""
+    data = np.random.default_rng(2).bytes(4 * (16 + 5 * GAP_BYTES))
+    path = tmp_path / "member"
+    path.write_bytes(data)
+    record = 16 + 5 * GAP_BYTES
+    with open(path, "rb") as f:
+        reader = DigestingReader(f)
+        for k in range(4):  # the checking pass
+            reader.seek(k * record)
+            reader.read(16)
+        for k in range(4):  # the payload pass
+            reader.seek(k * record + 16)
+            reader.readinto(bytearray(5 * GAP_BYTES))
+        assert reader.hashed == len(data)
+        assert reader.finish()[0] == xxhash.xxh3_128(data).hexdigest()

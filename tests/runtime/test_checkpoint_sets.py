@@ -227,6 +227,43 @@ def test_any_flipped_byte_is_caught_and_latest_falls_back(tmp_path: Path) -> Non
     assert restored.step == 1
 
 
+def test_large_members_are_verified_while_they_load(tmp_path: Path) -> None:
+    """Members above the inline size are hashed as the staged loads read them: a flip in a
+    header (the plan fails first), a payload or the last byte is still reported as the
+    member's digest, nothing live changes, and the latest restore falls back."""
+    torch.manual_seed(0)
+    big = torch.nn.Linear(1200, 1200)  # 5.8 MB of float32 state: streamed
+    opt = torch.optim.AdamW(big.parameters(), lr=1e-3)
+    big(torch.randn(2, 1200)).sum().backward()
+    opt.step()
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, model=big, optimizer=opt)
+    first_bias = big.bias.detach().clone()
+    with torch.no_grad():
+        big.bias.add_(1.0)
+    manager.save(2, model=big, optimizer=opt)
+    fresh = torch.nn.Linear(1200, 1200)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    assert manager.restore(model=fresh, optimizer=fresh_opt).step == 2
+    assert torch.equal(fresh.weight, big.weight) and torch.equal(fresh.bias, big.bias)
+
+    newest = tmp_path / folder_name(2)
+    for name in ("model.tlsf32", "optimizer.tladam"):
+        member = newest / name
+        data = member.read_bytes()
+        for pos in (12, len(data) // 2, len(data) - 1):
+            member.write_bytes(data[:pos] + bytes([data[pos] ^ 0x10]) + data[pos + 1 :])
+            torch.nn.init.zeros_(fresh.bias)
+            with pytest.raises(IntegrityError, match=name) as caught:
+                manager.restore(model=fresh, optimizer=fresh_opt, step=2)
+            assert caught.value.check == "digest"
+            assert not fresh.bias.any()  # nothing live changed
+            with pytest.warns(SkippedCheckpointWarning, match=f"step 2 .*{name}.*digest"):
+                assert manager.restore(model=fresh, optimizer=fresh_opt).step == 1
+            assert torch.equal(fresh.bias, first_bias)
+        member.write_bytes(data)
+
+
 def test_missing_member_truncation_and_no_manifest(tmp_path: Path) -> None:
     model, opt, sch = build(0)
     train(model, opt, sch, 0, 1)
