@@ -1,5 +1,6 @@
 """The command line: ``inspect`` / ``validate`` on every conformance vector, ``convert`` round
-trips bit for bit, usage errors, progress bars, and the demo.
+trips bit for bit, ``ls`` / ``verify`` of checkpoint sets, usage errors, progress bars, and
+the demo.
 
 The CLI runs in-process through ``tlckpt.cli.main`` (fast); one test runs ``python -m tlckpt``
 as a subprocess.
@@ -674,6 +675,44 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "inspect" in out and "convert" in out
+
+
+# --------------------------------------------------------------------------- checkpoint sets
+
+
+def test_ls_and_verify_checkpoint_sets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    manager = tlckpt.CheckpointManager(tmp_path)
+    good = manager.save(1, model=model, optimizer=opt).wait()
+    bad = manager.save(2, model=model, optimizer=opt).wait()
+    member = bad / "optimizer.tladam"
+    data = member.read_bytes()
+    member.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    (tmp_path / f".{good.name}.tlckpt-abcdefgh.tmp").mkdir()  # a killed save's leftover
+
+    code, out, err = run(capsys, "ls", tmp_path)
+    assert code == 0 and err == ""
+    rows = {
+        line.split()[0]: line for line in out.splitlines()[1:] if "KiB" in line or " B " in line
+    }
+    assert set(rows) == {"1", "2"}
+    assert "verified (" in rows["1"] and "NOT VERIFIED" not in rows["1"]
+    assert "NOT VERIFIED: IntegrityError (digest)" in rows["2"] and member.name in rows["2"]
+    assert "1 leftover(s)" in out
+
+    code, out, _ = run(capsys, "verify", good)
+    assert code == 0 and f"{good}: ok (step 1, 2 state tensors" in out
+    code, _, err = run(capsys, "verify", bad)
+    assert code == 1
+    assert_one_line_rejection(err, "IntegrityError")
+    assert member.name in err and "digest" in err
+    code, _, err = run(capsys, "ls", tmp_path / "missing")
+    assert code == 1
+    assert_one_line_rejection(err, "FileNotFoundError")
 
 
 # --------------------------------------------------------------------------- progress bars
