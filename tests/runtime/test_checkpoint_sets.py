@@ -348,6 +348,18 @@ def test_background_failure_surfaces_and_never_becomes_latest(
     manager.wait()
     assert manager.steps() == [1, 4]
 
+    def failing_fsync(fd: int) -> None:  # the device fails at the commit's fsyncs
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    manager.save(5, model=model, optimizer=opt, scheduler=sch, blocking=False)
+    with pytest.raises(OSError) as caught:  # unreported: raised by the manager's wait
+        manager.wait()
+    assert caught.value.errno == code
+    monkeypatch.undo()
+    assert manager.steps() == [1, 4] and manager.latest() == 4
+    assert sorted(os.listdir(tmp_path)) == [folder_name(1), folder_name(4)]
+
 
 def test_training_state_values_round_trip_exactly(tmp_path: Path) -> None:
     model, opt, sch = build(0)
