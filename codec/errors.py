@@ -157,7 +157,8 @@ class IntegrityError(CheckpointError):
     records (size or digest): a flipped bit, a truncated, extended or replaced file.
 
     ``field`` names the member (``members.model``); ``check`` says which check failed
-    (``"present"``, ``"size"`` or ``"digest"``); ``actual`` and ``expected`` are the values.
+    (``"present"``, ``"size"`` or ``"digest"``; ``"manifest digest"`` when the manifest's own
+    digest differs); ``actual`` and ``expected`` are the values.
     """
 
     def __init__(self, message: str, *, check: str | None = None, **kwargs: Any):

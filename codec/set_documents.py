@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import xxhash
 
 from ..formats.checkpoint_set import (
     DIGEST_ALGORITHM,
@@ -40,6 +41,7 @@ from ..formats.primitives import U64_MAX
 from .errors import (
     CheckpointError,
     FileTooLargeError,
+    IntegrityError,
     MalformedError,
     UnsupportedFormatError,
     UnsupportedVersionError,
@@ -286,6 +288,8 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
         UnsupportedVersionError: a version this library does not know.
         MalformedError: not JSON, a key twice, a missing, unknown or ill-typed field, a
             member missing or named wrongly, an unknown digest algorithm.
+        IntegrityError: the manifest's own digest (``self_digest``) differs: it is damaged
+            (``check="manifest digest"``).
     """
     document = parse_json_document(data, "manifest", limit)
     _format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
@@ -310,13 +314,31 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
             actual=sorted(members)[:8],
             expected=list(MEMBER_ROLES),
         )
-    return Manifest(
+    manifest = Manifest(
         step=_integer(document["step"], "step", 0, STEP_MAX),
         library=_string(document["library"], "library", 256),
         members={role: _member(role, members[role]) for role in MEMBER_ROLES if role in members},
         state=_state(document["state"]),
         world_size=_integer(document["world_size"], "world_size", 1, 1 << 24),
     )
+    recorded = document["self_digest"]
+    if type(recorded) is not str or not _HEX.fullmatch(recorded):
+        raise MalformedError(
+            f"self_digest must be {DIGEST_HEX_DIGITS} lowercase hex digits, got {_short(recorded)}",
+            field="self_digest",
+            actual=_short(recorded),
+        )
+    computed = _self_digest(document)
+    if computed != recorded:
+        raise IntegrityError(
+            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
+            " bytes are damaged)",
+            check="manifest digest",
+            field="self_digest",
+            actual=computed,
+            expected=recorded,
+        )
+    return manifest
 
 
 def _rng(value: Any) -> dict[str, Any] | None:
@@ -406,7 +428,14 @@ def build_manifest(
         "state": [[name, list(shape)] for name, shape in state],
         "world_size": world_size,
     }
+    document["self_digest"] = _self_digest(document)
     return orjson.dumps(document)
+
+
+def _self_digest(document: dict[str, Any]) -> str:
+    """The manifest's own digest: of its compact JSON without ``self_digest``, in order."""
+    body = {k: v for k, v in document.items() if k != "self_digest"}
+    return xxhash.xxh3_128(orjson.dumps(body)).hexdigest()
 
 
 def build_training_state(

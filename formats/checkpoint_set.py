@@ -23,7 +23,13 @@ Manifest::
      "library": "tlckpt 0.1.0", "digest": "xxh3_128",
      "members": {"model": {"file": "model.tlsf32", "family": "float32_state",
                            "version": 1, "size": 1234, "digest": "<32 hex digits>"}, ...},
-     "state": [["embed.weight", [32, 16]], ...], "world_size": 1}
+     "state": [["embed.weight", [32, 16]], ...], "world_size": 1,
+     "self_digest": "<32 hex digits>"}
+
+``self_digest`` is the manifest's own ``xxh3_128``: of the compact JSON (orjson's) of the
+document without that key, keys in the document's order. The manifest is what the members
+are checked against, so a flipped byte in it (a tensor name, a version, the library) must be
+caught too.
 
 Training state::
 
@@ -145,6 +151,7 @@ MANIFEST_KEYS = (
     "members",
     "state",
     "world_size",
+    "self_digest",
 )
 #: A member's entry in the manifest.
 MEMBER_KEYS = ("file", "family", "version", "size", "digest")

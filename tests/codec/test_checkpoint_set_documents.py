@@ -182,6 +182,21 @@ def test_manifest_missing_keys(key: str) -> None:
         parse_manifest(data, LIMIT)
 
 
+def test_manifest_own_digest_catches_edits_that_stay_well_formed() -> None:
+    for edit in (
+        lambda d: d["state"][0].__setitem__(0, "v"),  # a tensor's name
+        lambda d: d["members"]["optimizer"].__setitem__("version", 4),
+        lambda d: d.__setitem__("library", "tlckpt 9"),
+    ):
+        with pytest.raises(IntegrityError) as caught:
+            parse_manifest(_edited(_manifest(), edit), LIMIT)
+        assert caught.value.check == "manifest digest" and caught.value.field == "self_digest"
+    # The digest is of the content, not of the layout: other JSON spacing is the same manifest.
+    assert parse_manifest(_edited(_manifest(), lambda d: None), LIMIT).step == 7
+    with pytest.raises(MalformedError, match="self_digest"):
+        parse_manifest(_edited(_manifest(), lambda d: d.__setitem__("self_digest", 5)), LIMIT)
+
+
 @pytest.mark.parametrize("key", MEMBER_KEYS)
 def test_manifest_member_keys(key: str) -> None:
     with pytest.raises(MalformedError, match=key):

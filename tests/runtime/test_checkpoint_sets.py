@@ -210,6 +210,15 @@ def test_any_flipped_byte_is_caught_and_latest_falls_back(tmp_path: Path) -> Non
                 verify_checkpoint(newest)
             assert caught.value.check == "digest" and member.name in str(caught.value)
         member.write_bytes(data)
+    manifest = newest / "manifest.json"
+    data = manifest.read_bytes()
+    for pos in range(len(data)):  # the manifest checks itself: every byte of it
+        manifest.write_bytes(data[:pos] + bytes([data[pos] ^ 0x01]) + data[pos + 1 :])
+        with pytest.raises(CheckpointError):
+            verify_checkpoint(newest)
+    with pytest.warns(SkippedCheckpointWarning, match="step 2"):
+        assert manager.latest() == 1
+    manifest.write_bytes(data)
     verify_checkpoint(newest)
 
     target = _members(newest)[0]
