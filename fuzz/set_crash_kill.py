@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m fuzz.set_crash_kill --trials 200 --size-mb 16
+    python -m fuzz.set_crash_kill --trials 250 --size-mb 16
 
 Each trial forks a child that builds a model (about ``--size-mb`` MiB of float32 parameters)
 with values of its own, takes an AdamW step, announces a digest of what it is about to save
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=250)
     parser.add_argument("--size-mb", type=float, default=16.0)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")

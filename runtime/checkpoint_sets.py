@@ -415,7 +415,11 @@ def _restore_sharded(
     """Rank 0 verifies and reads the documents, every rank gets them, every rank plans and
     commits (the loads are collectives)."""
     from ..codec.set_documents import parse_manifest, parse_training_state
-    from ..formats.checkpoint_set import MAX_MANIFEST_BYTES, MAX_TRAINING_STATE_BYTES
+    from ..formats.checkpoint_set import (
+        MANIFEST_FILE,
+        MAX_MANIFEST_BYTES,
+        MAX_TRAINING_STATE_BYTES,
+    )
     from .collectives import broadcast_bytes, is_writer
 
     placement = placement_for(model)
@@ -431,7 +435,7 @@ def _restore_sharded(
         verified = placement.agree(verify)
         manifest_bytes = training_bytes = None
         if verified is not None:
-            manifest_bytes = (Path(folder) / "manifest.json").read_bytes()
+            manifest_bytes = (Path(folder) / MANIFEST_FILE).read_bytes()
             training_bytes = verified.file("training_state").read()
         manifest = parse_manifest(broadcast_bytes(manifest_bytes), MAX_MANIFEST_BYTES)
         state = parse_training_state(broadcast_bytes(training_bytes), MAX_TRAINING_STATE_BYTES)
