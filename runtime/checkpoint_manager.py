@@ -184,9 +184,11 @@ class CheckpointManager:
             The save's handle (already done when blocking).
 
         Raises:
-            CheckpointError: a value cannot be saved exactly, or the model or optimizer
-                cannot be (raised before anything is written, in the background case at the
-                call); or the previous background save's failure, not yet reported.
+            CheckpointError: a training-state value cannot be saved exactly (at the call,
+                blocking or not), or the model or optimizer cannot be written to their files
+                (blocking: here; in the background: by the handle, the next ``save`` and
+                :meth:`wait`) — nothing is committed either way; or the previous background
+                save's failure, not yet reported.
             FileExistsError: the step has a set and ``overwrite`` is false.
             OSError: from the file system (blocking).
         """
