@@ -56,7 +56,7 @@ from ..formats.checkpoint_set import (
     TRAINING_STATE_VERSION,
 )
 from ..formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
-from . import adam_files, bits_files, float32_files, training_state
+from . import bits_files, float32_files, optimizer_files, training_state
 from .local_placement import LOCAL
 from .module_state import save_module_state, save_state_bits
 from .optimizer import save_optimizer
@@ -383,7 +383,7 @@ def _fit_and_commit(
             plans.enter_context(model_plan)
             optimizer_plan = None
             if optimizer is not None:
-                optimizer_plan = adam_files.plan_load(
+                optimizer_plan = optimizer_files.plan_load(
                     placement, optimizer, model, member("optimizer"), False
                 )
                 plans.enter_context(optimizer_plan)

@@ -14,12 +14,10 @@ converter is the one torch deserialisation; it must call ``torch.load`` with
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import REPO, child_env
+from hostile_support import REPO, run_python
 
 SCRIPT = Path(__file__).with_name("audit_loads.py")
 
@@ -27,15 +25,7 @@ SCRIPT = Path(__file__).with_name("audit_loads.py")
 @pytest.fixture(scope="module")
 def audit(vectors_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("audit")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(vectors_path), str(work)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_python([str(SCRIPT), str(vectors_path), str(work)], 300)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("AUDIT-RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(line.removeprefix("AUDIT-RESULT "))

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import tlckpt
 from tlckpt import (
     CheckpointError,
     CheckpointManager,
@@ -46,13 +47,17 @@ class Net(torch.nn.Module):
         return self.head(self.drop(torch.tanh(self.b(torch.tanh(self.a(x))))))
 
 
-def build(seed: int, order: str = "ab"):
+def build(seed: int, order: str = "ab", decay_split: bool = False):
+    """Two groups differing in lr (a TorchLean file), or with ``decay_split`` also in weight
+    decay, as Hugging Face's Trainer splits them (tlckpt's own optimizer family)."""
     torch.manual_seed(seed)
     model = Net(order)
     groups = [
         {"params": list(model.a.parameters()) + list(model.head.parameters()), "lr": 1e-2},
         {"params": list(model.b.parameters()), "lr": 3e-3},
     ]
+    if decay_split:
+        groups[1]["weight_decay"] = 0.0
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
     return model, optimizer, warmup
@@ -97,10 +102,11 @@ def assert_same(model_a, opt_a, sch_a, model_b, opt_b, sch_b) -> None:
     assert sch_a.state_dict() == sch_b.state_dict()
 
 
+@pytest.mark.parametrize("decay_split", [False, True], ids=["lr_groups", "decay_groups"])
 @pytest.mark.parametrize("blocking", [True, False], ids=["sync", "async"])
-def test_resume_is_bit_exact(tmp_path: Path, blocking: bool) -> None:
+def test_resume_is_bit_exact(tmp_path: Path, blocking: bool, decay_split: bool) -> None:
     seed_all(1)
-    model, opt, sch = build(0)
+    model, opt, sch = build(0, decay_split=decay_split)
     counter, _ = train(model, opt, sch, 0, 2)
     at_save = [g["lr"] for g in opt.param_groups]
     manager = CheckpointManager(tmp_path)
@@ -115,9 +121,11 @@ def test_resume_is_bit_exact(tmp_path: Path, blocking: bool) -> None:
     )
     end, reference = train(model, opt, sch, counter, 4)
     assert handle.wait() == tmp_path / folder_name(3)
+    family = tlckpt.inspect(tmp_path / folder_name(3) / "optimizer.tladam")["family"]
+    assert family == ("tlckpt_optimizer" if decay_split else "adam")
     assert handle.done() and manager.steps() == [3] and manager.latest() == 3
 
-    fresh, fresh_opt, fresh_sch = build(99)  # initialised differently
+    fresh, fresh_opt, fresh_sch = build(99, decay_split=decay_split)  # initialised differently
     seed_all(12345)  # and the global generators elsewhere
     restored = manager.restore(model=fresh, optimizer=fresh_opt, scheduler=fresh_sch, rng=True)
     assert (restored.step, restored.random_counter) == (3, counter)
