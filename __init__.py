@@ -24,20 +24,9 @@ from typing import Any
 from .codec import *  # noqa: F403
 from .codec import __all__ as _codec_all
 from .optional import MissingDependencyError
+from .runtime_names import RUNTIME_NAMES  # served by __getattr__, importing torch then
 
 __version__ = "0.1.0"
-
-#: The runtime's public names (``tlckpt.runtime.__all__``; a test keeps the two equal).
-RUNTIME_NAMES = (
-    "schema_of",
-    "save_module_state",
-    "load_module_state",
-    "save_state_bits",
-    "load_state_bits",
-    "save_optimizer",
-    "load_optimizer",
-    "MissingRandomCounterWarning",
-)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,9 @@
 """Human-readable text for :func:`tlckpt.inspect` results (``tlckpt inspect``, the demo).
 
 One function, :func:`describe`, turns the dict ``inspect`` returns into an aligned report:
-family and version, the optimizer config as decimal and exact binary64 bits, the parameter
-schema and moment entries as tables, or the tensors of a model-state file. The family's
+family and version, the optimizer config (or, for tlckpt's own family, every param group) as
+decimal and exact binary64 bits, the parameter schema and moment entries as tables, or the
+tensors of a model-state file. The family's
 title comes from its handler in the family registry; each section is printed when the
 description holds what it shows, whatever the family.
 """
@@ -54,7 +55,8 @@ def _size(nbytes: int | None) -> str:
     return "unknown" if nbytes is None else f"{nbytes:,} bytes"
 
 
-def _optimizer(info: dict[str, Any]) -> list[str]:
+def _config(info: dict[str, Any]) -> list[str]:
+    """A ``TLADAMF`` file's one config."""
     out = [
         f"kind            {_KIND_NAMES.get(info['kind'], info['kind'])}",
         f"moment dtype    {info['moment_dtype']}",
@@ -64,6 +66,29 @@ def _optimizer(info: dict[str, Any]) -> list[str]:
         (name, repr(value["value"]), value["bits"]) for name, value in info["config"].items()
     ]
     out.append(table(("field", "decimal", "binary64 bits"), config_rows))
+    return out
+
+
+def _groups(info: dict[str, Any]) -> list[str]:
+    """A ``TLCKOPT`` file's param groups: kind and flags, then every float of each group in
+    decimal and exact binary64 bits."""
+    groups = info["groups"]
+    out = [f"param groups    {len(groups)}"]
+    for g in groups:
+        flags = [name for name in ("amsgrad", "maximize") if g[name]]
+        extra = f" ({', '.join(flags)})" if flags else ""
+        out.append(f"  group {g['group']}  {_KIND_NAMES.get(g['kind'], g['kind'])}{extra}")
+        rows = [
+            (name, repr(value["value"]), value["bits"])
+            for name, value in g.items()
+            if isinstance(value, dict)
+        ]
+        out.append(table(("field", "decimal", "binary64 bits"), rows, indent="    "))
+    return out
+
+
+def _optimizer(info: dict[str, Any]) -> list[str]:
+    out = _groups(info) if "groups" in info else _config(info)
     counter = info["random_counter"]
     out.append(f"random counter  {'absent' if counter is None else counter}")
     for name, value in info.get("fields", {}).items():
@@ -75,6 +100,7 @@ def _optimizer(info: dict[str, Any]) -> list[str]:
         f"{len(info['entries'])} with moments, tied weights: "
         f"{'yes' if info['has_aliases'] else 'no'}"
     )
+    grouped = "group" in slots[0] if slots else False
     slot_rows = []
     for s in slots:
         rep = s["representative"]
@@ -84,19 +110,27 @@ def _optimizer(info: dict[str, Any]) -> list[str]:
             rep_text = str(rep)
         else:
             rep_text = f"{rep} (tied to slot {rep})"
-        slot_rows.append(
-            (
-                s["slot"],
-                format_shape(s["shape"]),
-                s["elements"],
-                "yes" if s["trainable"] else "no",
-                rep_text,
-            )
+        row = (
+            s["slot"],
+            format_shape(s["shape"]),
+            s["elements"],
+            "yes" if s["trainable"] else "no",
+            rep_text,
         )
+        group = s.get("group")
+        slot_rows.append((*row, "-" if group is None else group) if grouped else row)
+    headers = ("slot", "shape", "elements", "trainable", "representative")
     if slot_rows:
-        out.append(table(("slot", "shape", "elements", "trainable", "representative"), slot_rows))
-    out.append(f"entries         {len(info['entries'])} (m and v per entry)")
-    entry_rows = [(e["id"], e["step"], e["elements"], e["bytes"]) for e in info["entries"]]
+        out.append(table((*headers, "group") if grouped else headers, slot_rows))
+    entries = info["entries"]
+    if grouped:
+        out.append(f"entries         {len(entries)} (m, v and, with amsgrad, max_exp_avg_sq)")
+        rows = [(e["id"], e["step"], e["dtype"], e["elements"], e["bytes"]) for e in entries]
+        if rows:
+            out.append(table(("slot", "step", "dtype", "elements", "bytes"), rows))
+        return out
+    out.append(f"entries         {len(entries)} (m and v per entry)")
+    entry_rows = [(e["id"], e["step"], e["elements"], e["bytes"]) for e in entries]
     if entry_rows:
         out.append(table(("slot", "step", "elements", "bytes"), entry_rows))
     return out
@@ -161,6 +195,8 @@ def summarize(info: dict[str, Any]) -> str:
         head = f"{label} {info.get('encoding') or info['format']}"
     if "kind" in info:
         head += f" {info['kind']} {info['moment_dtype']}"
+    if "groups" in info:
+        head += f" {len(info['groups'])} param group(s)"
     parts = []
     if "slots" in info:
         n = len(info["entries"])

@@ -8,9 +8,10 @@ shape mismatches are found before a training job trips over them.
 A destination (:class:`Destination`) comes from either
 
 * a reference checkpoint of any registered family: what a load into "the writer of the
-  reference" expects (an Adam file: its schema, moment dtype and config; a ``TLSF32B`` or
-  exact-bits JSON file: its shapes and scalar type), or a ``.safetensors`` / ``.pt`` model
-  state (its shapes and floating type); or
+  reference" expects (an Adam file: its schema, moment dtype and config; a ``TLCKOPT`` file:
+  its schema, param groups, each slot's group and dtype; a ``TLSF32B`` or exact-bits JSON
+  file: its shapes and scalar type), or a ``.safetensors`` / ``.pt`` model state (its shapes
+  and floating type); or
 * a JSON description, in the vocabulary of the conformance manifest's ``invalid[]``
   (:mod:`tlckpt.codec.destinations`). ``kind`` names a family, or ``model_state`` for either
   model-state family; left out, a family's marker member decides (``schema`` means
@@ -67,7 +68,8 @@ class Destination:
         source: where the destination came from, for messages.
         target: the destination itself, of the type the families' ``read`` takes
             (:class:`~tlckpt.codec.destinations.AdamTarget`, ``ModelStateTarget``).
-        families: the families whose files fit it, in registration order.
+        families: the families whose files fit it: the destination's own family first, then
+            every family that takes its destinations (:meth:`FamilyHandler.takes`).
     """
 
     kind: str
@@ -78,6 +80,13 @@ class Destination:
 
 def _model_state_families() -> tuple[FamilyHandler, ...]:
     return tuple(f for f in families() if isinstance(f, ModelStateFamily))
+
+
+def _takers(family: FamilyHandler, target: Any) -> tuple[FamilyHandler, ...]:
+    """The families whose files fit ``target``, a destination ``family`` made: its own, then
+    every other family that takes it (either optimizer family's files load into an
+    optimizer)."""
+    return (family, *(f for f in families() if f is not family and f.takes(target)))
 
 
 # --------------------------------------------------------------------------- destinations
@@ -95,7 +104,8 @@ def _from_description(doc: dict[str, Any], source: str) -> Destination:
     if handler is None:
         known = ", ".join(f.name for f in families())
         raise description_error(f"unknown kind {kind!r}; expected {known} or {MODEL_STATE}")
-    return Destination(kind, source, handler.parse_destination(doc, source), (handler,))
+    target = handler.parse_destination(doc, source)
+    return Destination(kind, source, target, _takers(handler, target))
 
 
 def _from_named_state(path: str, fmt: str) -> Destination:
@@ -144,9 +154,8 @@ def load_destination(
         return _from_named_state(source, fmt)
     _, family = _sniffed(source)
     if family is not None and family.magic is not None:
-        return Destination(
-            family.name, source, family.destination(source, max_json_bytes), (family,)
-        )
+        target = family.destination(source, max_json_bytes)
+        return Destination(family.name, source, target, _takers(family, target))
     # No binary checkpoint: a JSON checkpoint, or a JSON description of a destination.
     neither = "neither a checkpoint nor a JSON destination description"
     try:
@@ -162,7 +171,7 @@ def load_destination(
     if family is not None and FORMAT_KEY in doc:
         del doc, data  # the checkpoint is read again, by its own reader
         target = family.destination(source, max_json_bytes)
-        return Destination(family.name, source, target, (family,))
+        return Destination(family.name, source, target, _takers(family, target))
     try:
         return _from_description(doc, source)
     except CheckpointError as exc:

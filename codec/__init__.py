@@ -4,9 +4,10 @@ Errors are re-exported here and from :mod:`tlckpt`.
 """
 
 # The built-in families register themselves with the family registry (codec.families).
-from . import adam_family, model_state_families  # noqa: F401
+from . import adam_family, model_state_families, tlckpt_optimizer_family  # noqa: F401
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
 from .atomic import atomic_output, clean_temporaries, is_temporary
+from .checkpoint_set import SkippedCheckpointWarning, verify_checkpoint
 from .config import AdamConfig, AdamKind, MomentDtype
 from .errors import (
     CheckpointError,
@@ -14,6 +15,7 @@ from .errors import (
     EntryError,
     FileChangedError,
     FileTooLargeError,
+    IntegrityError,
     MalformedError,
     PartialLoadError,
     SchemaMismatchError,
@@ -30,8 +32,11 @@ from .float32_state import (
     write_float32_state,
 )
 from .inspection import inspect, sniff_family
+from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
 from .schema import ParameterSchema
 from .state_bits import DEFAULT_MAX_JSON_BYTES, read_state_bits, write_state_bits
+from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
+from .tlckpt_optimizer_writer import write_optimizer_state
 
 __all__ = [
     "DEFAULT_MAX_JSON_BYTES",
@@ -44,12 +49,17 @@ __all__ = [
     "EntryError",
     "FileChangedError",
     "FileTooLargeError",
+    "IntegrityError",
     "MalformedError",
     "MomentDtype",
+    "OptimizerCheckpoint",
+    "OptimizerEntry",
+    "ParamGroupConfig",
     "ParameterSchema",
     "PartialLoadError",
     "PayloadSink",
     "SchemaMismatchError",
+    "SkippedCheckpointWarning",
     "TrailingDataError",
     "TruncatedError",
     "UnsupportedFormatError",
@@ -61,12 +71,16 @@ __all__ = [
     "is_temporary",
     "read_adam",
     "read_float32_state",
+    "read_optimizer_state",
     "read_state_bits",
     "scan_adam",
     "scan_float32_state",
+    "scan_optimizer_state",
     "sniff_family",
     "validate_float32_state",
+    "verify_checkpoint",
     "write_adam",
     "write_float32_state",
+    "write_optimizer_state",
     "write_state_bits",
 ]

@@ -7,6 +7,7 @@ until the whole file, trailing bytes included, has been checked.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -190,8 +191,11 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
                 actual=exc.actual,
                 expected=exc.expected,
             ) from None
-        if self.expected_config is not None and not config.same_bits(self.expected_config):
-            diffs = "; ".join(config.differences(self.expected_config))
+        expected = self.expected_config
+        if expected is not None and self.dtype is None:  # either dtype: compare in the file's
+            expected = dataclasses.replace(expected, dtype=config.dtype)
+        if expected is not None and not config.same_bits(expected):
+            diffs = "; ".join(config.differences(expected))
             raise ConfigError(
                 f"config differs from the destination's (file vs expected): {diffs}",
                 offset=offset,
@@ -296,7 +300,7 @@ def read_adam(
     path: PathOrFile,
     schema: ParameterSchema,
     *,
-    dtype: MomentDtype = MomentDtype.FLOAT32,
+    dtype: MomentDtype | None = MomentDtype.FLOAT32,
     expected_config: AdamConfig | None = None,
     sink: PayloadSink | None = None,
 ) -> AdamCheckpoint:
@@ -305,7 +309,7 @@ def read_adam(
     Args:
         path: file path, or a seekable binary file object (read from its position).
         schema: the destination's parameter schema; the file's must equal it slot by slot.
-        dtype: the destination's moment dtype.
+        dtype: the destination's moment dtype (``None``: either).
         expected_config: the destination's already bound config, if it has one; the file's
             must equal it bit for bit.
         sink: where payloads go (default: fresh numpy arrays).
@@ -322,12 +326,13 @@ def read_adam(
         >>> ckpt.entries[0].m.dtype
         dtype('float32')
     """
-    try:
-        dtype = MomentDtype(dtype)
-    except ValueError:
-        raise ConfigError(
-            f"dtype must be float32 or float64, got {dtype!r}", field="dtype", actual=dtype
-        ) from None
+    if dtype is not None:
+        try:
+            dtype = MomentDtype(dtype)
+        except ValueError:
+            raise ConfigError(
+                f"dtype must be float32 or float64, got {dtype!r}", field="dtype", actual=dtype
+            ) from None
     return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)[0]
 
 

@@ -15,15 +15,16 @@ import numpy as np
 
 from ..formats.framing import ADAM_MAGIC
 from .adam import AdamCheckpoint, read_adam, scan_adam, scan_adam_sizes
-from .destinations import AdamTarget, parse_adam_target
+from .destinations import AdamTarget, OptimizerTarget, parse_adam_target
 from .families import FamilyHandler, register_family
 from .inspection import ElementCounts, file_size, float_entry
 from .source import PathOrFile
+from .torchlean_fit import adam_target_of
 
-__all__ = ["ADAM_FAMILY"]
+__all__ = ["ADAM_FAMILY", "SkipPayloads"]
 
 
-class _SkipPayloads:
+class SkipPayloads:
     """A payload sink that skips every moment (their bits cannot be wrong, only their size)."""
 
     def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> None:
@@ -86,13 +87,22 @@ class _AdamFamily(FamilyHandler):
     def parse_destination(self, description: Mapping[str, Any], source: str) -> AdamTarget:
         return parse_adam_target(description)
 
-    def read(self, file: PathOrFile, target: AdamTarget, payloads: bool, _: int) -> AdamCheckpoint:
+    def takes(self, target: Any) -> bool:
+        """An optimizer destination of tlckpt's family: a ``TLADAMF`` file loads into that
+        optimizer when its state fits TorchLean's versions."""
+        return isinstance(target, OptimizerTarget)
+
+    def read(
+        self, file: PathOrFile, target: AdamTarget | OptimizerTarget, payloads: bool, _: int
+    ) -> AdamCheckpoint:
+        if isinstance(target, OptimizerTarget):
+            target = adam_target_of(target)
         return read_adam(
             file,
             target.schema,
             dtype=target.dtype,
             expected_config=target.config,
-            sink=None if payloads else _SkipPayloads(),
+            sink=None if payloads else SkipPayloads(),
         )
 
 

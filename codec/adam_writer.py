@@ -25,7 +25,21 @@ from .schema import ParameterSchema
 from .schema_check import schema_values
 from .source import PathOrFile
 
-__all__ = ["select_version", "write_adam"]
+__all__ = ["check_random_counter", "select_version", "write_adam"]
+
+
+def check_random_counter(random_counter: Any) -> None:
+    """Raise :class:`ConfigError` unless ``random_counter`` is ``None`` or a u64."""
+    if random_counter is not None and (
+        isinstance(random_counter, bool)
+        or not isinstance(random_counter, (int, np.integer))
+        or not 0 <= random_counter <= U64_MAX
+    ):
+        raise ConfigError(
+            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
+            field="random_counter",
+            actual=random_counter,
+        )
 
 
 def select_version(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> int:
@@ -123,16 +137,7 @@ def write_adam(
     if not isinstance(config, AdamConfig):
         raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
     config.validate()
-    if random_counter is not None and (
-        isinstance(random_counter, bool)
-        or not isinstance(random_counter, (int, np.integer))
-        or not 0 <= random_counter <= U64_MAX
-    ):
-        raise ConfigError(
-            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
-            field="random_counter",
-            actual=random_counter,
-        )
+    check_random_counter(random_counter)
     want = set(schema.representative_slots)
     have = set(entries.keys())
     if have != want:

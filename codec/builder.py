@@ -156,6 +156,9 @@ class _Builder:
         if t is Records:
             count = evaluate(step.count, ctx)
             cached = self.fast and step.prefix and step.streamed
+            # Records without payloads are what later ``this`` lambdas may read (as
+            # construct's own builder gives them): the caller's list, or one made here.
+            kept = None if step.streamed or isinstance(obj, (list, tuple)) else []
             n = 0
             for n, item in enumerate(obj, 1):
                 if n > count:
@@ -165,12 +168,16 @@ class _Builder:
                     self.record(step, item, ctx, (*path, n - 1))
                 else:
                     self.value(step.item, item, ctx, (*path, n - 1))
+                if kept is not None:
+                    kept.append(item)
             if n != count:
                 raise CheckpointError(
                     f"{field_name(path)}: {count} records announced, {n} given",
                     field=field_name(path),
                 )
-            return count
+            if step.streamed:
+                return count
+            return obj if kept is None else kept
         if t is PayloadStep:
             return self.payload(step, obj, ctx, path)
         if t is Branch:

@@ -1,11 +1,12 @@
 """Destinations: what a load expects of a file, and their JSON description.
 
 A destination is what a reader is given besides the file: an optimizer's parameter schema,
-moment dtype and bound config (:class:`AdamTarget`), or a model's tensor shapes and scalar
-type (:class:`ModelStateTarget`). Each family handler (:mod:`.families`) derives one from a
-reference file of its own and checks a file against one; ``tlckpt validate --against`` also
-reads them from a JSON description, in the vocabulary of the conformance manifest's
-``invalid[]`` entries::
+moment dtype and bound config (:class:`AdamTarget`), an optimizer's schema, param groups,
+each slot's group and dtype (:class:`OptimizerTarget`, for tlckpt's own optimizer family), or
+a model's tensor shapes and scalar type (:class:`ModelStateTarget`). Each family handler
+(:mod:`.families`) derives one from a reference file of its own and checks a file against
+one; ``tlckpt validate --against`` also reads them from a JSON description, in the
+vocabulary of the conformance manifest's ``invalid[]`` entries::
 
     {"kind": "adam",
      "schema": {"shapes": [[2, 3], [4], []], "requires_grad": [true, false, true],
@@ -13,6 +14,11 @@ reads them from a JSON description, in the vocabulary of the conformance manifes
      "dtype": "float32",
      "expected_config": {"kind": "adamw", "dtype": "float32",
                          "beta1_bits": "0x3feccccccccccccd", ...}}
+    {"kind": "tlckpt_optimizer",
+     "schema": {"shapes": [[2, 3], [3]], "requires_grad": [true, true]},
+     "groups": [{"kind": "adamw", "beta1_bits": "0x3feccccccccccccd", ..., "lr": 0.001,
+                 "amsgrad": false, "maximize": false}, ...],
+     "slot_groups": [0, 1], "dtypes": ["bfloat16", "bfloat16"]}
     {"kind": "float32_state", "shapes": [[3, 4], [8]]}
     {"kind": "state_bits", "encoding": "float32", "shapes": [[2]]}
 """
@@ -26,14 +32,17 @@ from typing import Any
 from ..formats.primitives import bits_float
 from ..formats.state_bits import encoding_by_name
 from .config import AdamConfig, AdamKind, MomentDtype
-from .errors import MalformedError
+from .errors import CheckpointError, MalformedError
+from .optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig
 from .schema import ParameterSchema
 
 __all__ = [
     "AdamTarget",
     "ModelStateTarget",
+    "OptimizerTarget",
     "description_error",
     "parse_adam_target",
+    "parse_optimizer_target",
     "parse_model_state_target",
 ]
 
@@ -46,13 +55,32 @@ class AdamTarget:
 
     Attributes:
         schema: its parameter schema.
-        dtype: its moment dtype.
+        dtype: its moment dtype (``None``: either).
         config: its bound config (``None``: none bound yet, any valid one fits).
     """
 
     schema: ParameterSchema
-    dtype: MomentDtype = MomentDtype.FLOAT32
+    dtype: MomentDtype | None = MomentDtype.FLOAT32
     config: AdamConfig | None = None
+
+
+@dataclass(frozen=True)
+class OptimizerTarget:
+    """An optimizer destination as tlckpt's optimizer family (``TLCKOPT``) describes it.
+
+    Attributes:
+        schema: its parameter schema.
+        groups: its param groups (``None``: any; the learning rate is never compared).
+        slot_groups: per slot, the index of its group (``None`` entries: frozen or alias);
+            ``None``: any assignment.
+        dtypes: per slot, its moment dtype's name (``None`` entries: unknown, any fits);
+            ``None``: any.
+    """
+
+    schema: ParameterSchema
+    groups: tuple[ParamGroupConfig, ...] | None = None
+    slot_groups: tuple[int | None, ...] | None = None
+    dtypes: tuple[str | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +184,57 @@ def parse_adam_target(doc: Mapping[str, Any], source: str | None = None) -> Adam
         _dtype_from(doc.get("dtype", "float32")),
         None if config is None else _config_from(config),
     )
+
+
+def _group_from(entry: Any, index: int) -> ParamGroupConfig:
+    if not isinstance(entry, Mapping):
+        raise description_error(f"groups[{index}] must be an object")
+    kinds = {kind.name.lower(): kind for kind in AdamKind}
+    if entry.get("kind") not in kinds:
+        names = " or ".join(repr(k) for k in kinds)
+        raise description_error(f"groups[{index}].kind must be {names}, got {entry.get('kind')!r}")
+    flags = [entry.get(name, False) for name in ("amsgrad", "maximize")]
+    if not all(isinstance(f, bool) for f in flags):
+        raise description_error(f"groups[{index}].amsgrad and .maximize must be booleans")
+    floats = [_float_from(entry, name) for name in (*_FLOATS, "lr")]
+    try:
+        group = ParamGroupConfig(kinds[entry["kind"]], *floats, *flags)
+        group.validate()
+    except CheckpointError as exc:
+        raise description_error(f"groups[{index}]: {exc.reason}") from None
+    return group
+
+
+def parse_optimizer_target(doc: Mapping[str, Any], source: str | None = None) -> OptimizerTarget:
+    """An optimizer destination of tlckpt's family from a description's ``schema``,
+    ``groups``, ``slot_groups`` and ``dtypes`` members (all but ``schema`` optional).
+
+    Raises:
+        MalformedError: a member is missing or not what it must be.
+    """
+    schema = _schema_from(doc.get("schema"))
+    groups = doc.get("groups")
+    if groups is not None:
+        if not isinstance(groups, list):
+            raise description_error("groups must be a list of param groups")
+        groups = tuple(_group_from(g, i) for i, g in enumerate(groups))
+    slot_groups = doc.get("slot_groups")
+    if slot_groups is not None:
+        ok = isinstance(slot_groups, list) and len(slot_groups) == len(schema.shapes)
+        if not ok or not all(
+            g is None or (isinstance(g, int) and not isinstance(g, bool) and g >= 0)
+            for g in slot_groups
+        ):
+            raise description_error("slot_groups must list a group index or null per slot")
+        slot_groups = tuple(slot_groups)
+    dtypes = doc.get("dtypes")
+    if dtypes is not None:
+        ok = isinstance(dtypes, list) and len(dtypes) == len(schema.shapes)
+        if not ok or not all(d is None or d in MOMENT_DTYPE_NAMES for d in dtypes):
+            names = ", ".join(MOMENT_DTYPE_NAMES)
+            raise description_error(f"dtypes must list one of {names} or null per slot")
+        dtypes = tuple(dtypes)
+    return OptimizerTarget(schema, groups, slot_groups, dtypes)
 
 
 def parse_model_state_target(

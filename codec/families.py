@@ -23,7 +23,7 @@ import abc
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from .source import PathOrFile
 
 __all__ = [
     "HEAD_BYTES",
+    "FamilyExample",
     "JSON_FAMILY",
     "JSON_WHITESPACE",
     "UTF8_BOM",
@@ -69,6 +70,20 @@ UTF8_BOM = b"\xef\xbb\xbf"
 Arrays = Collection[np.ndarray]
 
 
+class FamilyExample(NamedTuple):
+    """A valid file of a family and the destination it loads into (a fuzzing seed).
+
+    Attributes:
+        name: a short descriptive name.
+        data: the file's bytes.
+        destination: what :meth:`FamilyHandler.read` checks it against.
+    """
+
+    name: str
+    data: bytes
+    destination: Any
+
+
 @dataclass(frozen=True)
 class FamilyHandler(abc.ABC):
     """One checkpoint family and what the library does with its files.
@@ -76,7 +91,8 @@ class FamilyHandler(abc.ABC):
     A family is a subclass that implements the verbs below, registered once
     (:func:`register_family`). The call order of a check against a destination: first
     :meth:`destination` (from a reference file) or :meth:`parse_destination` (from a
-    description), then :meth:`read` on the file to check.
+    description), then :meth:`read` on the file to check — by this family, or by another
+    whose :meth:`takes` accepts the destination.
 
     Attributes:
         name: the family's name: ``inspect(path)["family"]``, and ``kind`` in descriptions.
@@ -129,6 +145,18 @@ class FamilyHandler(abc.ABC):
         Raises:
             MalformedError: a member is missing or not what it must be.
         """
+
+    def examples(self) -> tuple[FamilyExample, ...]:
+        """Valid files of the family written by its own writer, deterministically, each with
+        its destination: the fuzzing campaigns seed from them (and from the conformance
+        vectors), so a family registered with examples is fuzzed with no change there."""
+        return ()
+
+    def takes(self, target: Any) -> bool:
+        """Whether this family's reader also checks files against ``target``, a destination
+        another family made (either optimizer family's files load into an optimizer, so
+        each takes the other's destinations). A family always takes its own."""
+        return False
 
     @abc.abstractmethod
     def read(self, file: PathOrFile, target: Any, payloads: bool, max_json_bytes: int) -> Any:

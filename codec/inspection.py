@@ -23,7 +23,8 @@ __all__ = ["inspect", "sniff_family", "ElementCounts", "file_size", "float_entry
 
 @names_the_file()
 def sniff_family(path: PathOrFile) -> str:
-    """``"adam"``, ``"float32_state"`` or ``"state_bits"`` from the first bytes.
+    """``"adam"``, ``"tlckpt_optimizer"``, ``"float32_state"`` or ``"state_bits"`` from the
+    first bytes (the name of a registered family).
 
     At most :data:`~tlckpt.codec.families.HEAD_BYTES` bytes are read: a registered magic, or
     a JSON document (its first significant byte ``{`` or ``[``, a byte order mark, or only
@@ -58,7 +59,7 @@ def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -
     skipped, not read), so a description is only returned for a well-formed file.
 
     Args:
-        path: any file of the six formats (path or seekable binary file object).
+        path: any file of a registered family (path or seekable binary file object).
         max_json_bytes: the largest exact-bits JSON file read (a JSON document is read whole;
             see :data:`~tlckpt.codec.state_bits.DEFAULT_MAX_JSON_BYTES`). Binary files are
             read record by record and need no cap.

@@ -66,11 +66,12 @@ MAX_PAUSE = 1024
 class VisitorProtocol(Protocol):
     """The hooks :func:`parse` calls, with the exact signatures it calls them with.
 
-    :class:`Visitor` is the default implementation; a visitor subclasses it (or implements
-    all four hooks itself). The walker passes every argument by position; the parameter
-    names here are the contract all visitors share. A test checks every visitor class of
-    the package and of the fuzzing harness against these signatures, so that a hook that
-    drifts fails loudly instead of raising a ``TypeError`` deep inside a parse.
+    :class:`Visitor` is the default implementation (its docstrings say when each hook is
+    called); a visitor subclasses it. The walker passes every argument by position; the
+    parameter names here are the contract all visitors share. Tests check that the walker
+    calls no other visitor method and that every visitor class of the package and of the
+    fuzzing harness has these signatures, so that a hook that drifts fails loudly instead of
+    raising a ``TypeError`` deep inside a parse.
     """
 
     def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
@@ -89,6 +90,14 @@ class VisitorProtocol(Protocol):
 
     def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
         """The values record ``index`` of the array at ``path`` must have, or ``None``."""
+        ...
+
+    def batches(self, path: Path) -> bool:
+        """Whether the array of records at ``path`` may reach ``on_records`` in batches."""
+        ...
+
+    def on_records(self, path: Path, batch: RecordBatch) -> bool:
+        """Take ``batch.count`` records of the array at ``path`` at once; ``True`` if taken."""
         ...
 
 

@@ -262,10 +262,17 @@ class _Walker:
         if isinstance(base, IfThenElse):
             then, _, then_docs = _strip(base.thensubcon)
             other = _strip(base.elsesubcon)[0]
-            kind = _TYPE_NAMES.get(getattr(then, "fmtstr", ""), type(then).__name__)
             else_size = "0" if other is Pass else str(fixed_size(other))
-            condition = f"{fixed_size(then)} if {_expr(base.condfunc)}, else {else_size}"
-            add(kind, condition, docs or then_docs)
+            if isinstance(then, Payload):  # an optional payload: its type and size, if present
+                count = _expr(then.count)
+                kind = f"{_payload_type(then.dtype)}[{count}]"
+                size = f"{count}{TIMES}{_payload_itemsize(then.dtype)}"
+                check = check or "streamed, never parsed"
+            else:
+                kind = _TYPE_NAMES.get(getattr(then, "fmtstr", ""), type(then).__name__)
+                size = str(fixed_size(then))
+            condition = f"{size} if {_expr(base.condfunc)}, else {else_size}"
+            add(kind, condition, docs or then_docs, check)
             cursor.advance(None, path)
             return
         size = fixed_size(base)

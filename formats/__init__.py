@@ -1,7 +1,8 @@
 """Declarative specs of TorchLean's checkpoint formats (no I/O, no torch).
 
 One module per family: :mod:`.framing`, :mod:`.schema`, :mod:`.adam`, :mod:`.float32_state`,
-:mod:`.state_bits`; :mod:`.registry` maps ``(magic, version)`` to a spec.
+:mod:`.state_bits`, and tlckpt's own optimizer family :mod:`.tlckpt_optimizer` (not
+TorchLean's); :mod:`.registry` maps ``(magic, version)`` to a spec.
 """
 
 from .adam import (
@@ -16,7 +17,15 @@ from .adam import (
     layout_of,
 )
 from .float32_state import FLOAT32_STATE_V1, TENSOR_RECORD
-from .framing import ADAM_MAGIC, FLOAT32_STATE_MAGIC, FRAMING, framed, framing_bytes, framing_of
+from .framing import (
+    ADAM_MAGIC,
+    FLOAT32_STATE_MAGIC,
+    FRAMING,
+    OPTIMIZER_MAGIC,
+    framed,
+    framing_bytes,
+    framing_of,
+)
 from .primitives import (
     F64,
     U64,
@@ -35,6 +44,13 @@ from .primitives import (
 from .registry import FileSpec, known_versions, lookup, register, unregister
 from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK, SHAPE_FIELDS, SLOT
 from .state_bits import ENCODINGS, BinaryFormat, ComplexFormat, encoding_by_name, parse_tag
+from .tlckpt_optimizer import (
+    OPTIMIZER_ENTRY,
+    OPTIMIZER_V1,
+    OPTIMIZER_VERSIONS,
+    PARAM_GROUP,
+    MomentTag,
+)
 
 __all__ = [
     "ADAM_MAGIC",
@@ -56,6 +72,12 @@ __all__ = [
     "FRAMING",
     "FileSpec",
     "InvalidField",
+    "MomentTag",
+    "OPTIMIZER_ENTRY",
+    "OPTIMIZER_MAGIC",
+    "OPTIMIZER_V1",
+    "OPTIMIZER_VERSIONS",
+    "PARAM_GROUP",
     "Payload",
     "REPRESENTATIVES_BLOCK",
     "SCHEMA_BLOCK",

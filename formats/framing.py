@@ -18,6 +18,7 @@ __all__ = [
     "FRAMING",
     "ADAM_MAGIC",
     "FLOAT32_STATE_MAGIC",
+    "OPTIMIZER_MAGIC",
     "framed",
     "framing_of",
     "framing_bytes",
@@ -26,6 +27,8 @@ __all__ = [
 MAGIC_SIZE = 7
 ADAM_MAGIC = b"TLADAMF"
 FLOAT32_STATE_MAGIC = b"TLSF32B"
+#: tlckpt's own optimizer family (not TorchLean's): no TorchLean reader takes it for ``TLADAMF``.
+OPTIMIZER_MAGIC = b"TLCKOPT"
 
 #: What the codec reads before it knows the version.
 FRAMING = Struct(

@@ -12,12 +12,17 @@ from construct import Struct
 
 from .adam import ADAM_VERSIONS
 from .float32_state import FLOAT32_STATE_VERSIONS
-from .framing import ADAM_MAGIC, FLOAT32_STATE_MAGIC
+from .framing import ADAM_MAGIC, FLOAT32_STATE_MAGIC, OPTIMIZER_MAGIC
+from .tlckpt_optimizer import OPTIMIZER_VERSIONS
 
 __all__ = ["FileSpec", "FAMILIES", "register", "unregister", "lookup", "known_versions"]
 
 #: Family name by magic.
-FAMILIES: dict[bytes, str] = {ADAM_MAGIC: "adam", FLOAT32_STATE_MAGIC: "float32_state"}
+FAMILIES: dict[bytes, str] = {
+    ADAM_MAGIC: "adam",
+    FLOAT32_STATE_MAGIC: "float32_state",
+    OPTIMIZER_MAGIC: "tlckpt_optimizer",
+}
 _BUILT_IN = frozenset(FAMILIES)
 
 
@@ -83,6 +88,7 @@ def known_versions(magic: bytes) -> list[int]:
 for _magic, _versions in (
     (ADAM_MAGIC, ADAM_VERSIONS),
     (FLOAT32_STATE_MAGIC, FLOAT32_STATE_VERSIONS),
+    (OPTIMIZER_MAGIC, OPTIMIZER_VERSIONS),
 ):
     for _version, _struct in _versions.items():
         register(_magic, _version, _struct)

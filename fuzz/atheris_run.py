@@ -8,7 +8,7 @@ Run from the repository root::
     python -m fuzz.atheris_run --line-coverage          # replay the corpora under coverage.py
     python -m fuzz.atheris_run --target json --reproduce fuzz/out/atheris/json/crash-...
 
-Targets: ``adam``, ``tlsf32``, ``json``, ``inspect`` (see :mod:`fuzz.atheris_targets`).
+Targets: ``adam``, ``tlsf32``, ``json``, ``tlckopt``, ``inspect`` (see :mod:`fuzz.atheris_targets`).
 Each target runs in its own process (libFuzzer exits the process when it stops). The corpus
 grows in ``fuzz/out/atheris/<target>/corpus`` (seeded from the vectors and small generated
 files); crashes, timeouts and out-of-memory inputs are written to
@@ -26,7 +26,6 @@ Exit status: 0 if no target produced an artifact, else 1.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 from .atheris_targets import MAX_LEN, TARGETS
+from .command import campaign_parser, exit_with
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "fuzz" / "out" / "atheris"
@@ -226,11 +226,7 @@ def _reproduce(target: str, files: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.atheris_run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("atheris_run", __doc__, seed=1)
     parser.add_argument(
         "--target",
         choices=TARGETS,
@@ -239,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=None, help="fixed run count instead")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument(
         "--line-coverage",
@@ -287,5 +282,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

@@ -1,4 +1,5 @@
-"""atheris targets: one per reader (Adam, TLSF32B, exact-bits JSON, ``inspect``).
+"""atheris targets: one per family's reader (Adam, TLSF32B, exact-bits JSON, tlckpt's own
+optimizer family ``TLCKOPT``), and ``inspect``.
 
 Each target is a function of the fuzzer's bytes that may return or raise
 :class:`~tlckpt.codec.CheckpointError`; anything else is a crash. A ``CheckpointError`` that
@@ -25,16 +26,24 @@ from typing import Any
 
 from .seeds import Seed, generated_seeds, vector_seeds
 
-TARGETS = ("adam", "tlsf32", "json", "inspect")
+TARGETS = ("adam", "tlsf32", "json", "tlckopt", "inspect")
 #: Largest seed put in a corpus (libFuzzer's -max_len is set to this too).
 MAX_LEN = 16384
 
-_KIND = {"adam": "adam", "tlsf32": "float32_state", "json": "state_bits", "inspect": None}
+#: Target → the registered family it reads (a test checks every family has a target; the
+#: names are fixed here because this module may not import the library before instrumenting).
+KIND = {
+    "adam": "adam",
+    "tlsf32": "float32_state",
+    "json": "state_bits",
+    "tlckopt": "tlckpt_optimizer",
+    "inspect": None,
+}
 
 
 def target_seeds(target: str) -> list[Seed]:
     """The seeds whose destinations a target selects from (deterministic order)."""
-    kind = _KIND[target]
+    kind = KIND[target]
     seeds = [s for s in vector_seeds() + generated_seeds() if len(s.data) <= MAX_LEN]
     return [s for s in seeds if kind is None or s.kind == kind]
 
@@ -72,7 +81,7 @@ def make_target(target: str) -> Callable[[bytes], None]:
 
     if target == "inspect":
         return lambda data: checked(lambda: inspect(io.BytesIO(data)))
-    family = family_named(_KIND[target])
+    family = family_named(KIND[target])
 
     def one(data: bytes) -> None:
         if not data:

@@ -19,19 +19,17 @@ concurrent read saw a complete file, else 1.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
-import json
 import multiprocessing as mp
 import os
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .command import add_folder_options, campaign_parser, exit_with, run_in_folder
 
 
 def _contents(writer: int, size_mb: float) -> dict[str, Any]:
@@ -171,23 +169,16 @@ def run(rounds: int, size_mb: float, folder: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.concurrent_save",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("concurrent_save", __doc__)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--size-mb", type=float, default=4.0)
-    parser.add_argument("--dir", default=None)
+    add_folder_options(parser, quiet=False)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="tlckpt-concurrent-", dir=args.dir) as tmp:
-        start = time.monotonic()
-        report = run(args.rounds, args.size_mb, Path(tmp))
-        report["seconds"] = round(time.monotonic() - start, 1)
-    print(json.dumps(report, indent=1))
+    report = run_in_folder(
+        "tlckpt-concurrent-", args.dir, lambda folder: run(args.rounds, args.size_mb, folder)
+    )
     return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

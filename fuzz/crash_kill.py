@@ -30,22 +30,20 @@ save removed its destination's stale temporaries, else 1.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
-import json
 import multiprocessing as mp
 import os
 import random
 import signal
-import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from tlckpt.formats.primitives import float_bits, pack_u64
+
+from .command import add_folder_options, campaign_parser, exit_with, run_in_folder
 
 DESTS = ("model.tlsf32", "opt.tladam", "small.json")
 CHECKPOINT_SUFFIXES = (".tlsf32", ".tladam", ".json", ".safetensors", ".pt", ".pth")
@@ -300,23 +298,17 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.crash_kill",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("crash_kill", __doc__, seed=9)
     parser.add_argument("--trials", type=int, default=120)
     parser.add_argument("--size-mb", type=float, default=64.0)
-    parser.add_argument("--seed", type=int, default=9)
-    parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
-    parser.add_argument("--quiet", action="store_true")
+    add_folder_options(parser)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="tlckpt-crash-", dir=args.dir) as tmp:
-        start = time.monotonic()
-        report = run(args.trials, args.size_mb, Path(tmp), rng, quiet=args.quiet)
-        report["seconds"] = round(time.monotonic() - start, 1)
-    print(json.dumps(report, indent=1))
+    report = run_in_folder(
+        "tlckpt-crash-",
+        args.dir,
+        lambda folder: run(args.trials, args.size_mb, folder, rng, quiet=args.quiet),
+    )
     print(
         f"SIGKILL trials: {report['trials_killed']}, damaged destinations: "
         f"{len(report['damaged'])}, stray files: {len(report['strays'])}, temporaries left: "
@@ -328,5 +320,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

@@ -1,4 +1,5 @@
-"""Generated seed files: larger files of every format and version, record-count edges, and
+"""Generated seed files: larger files of every format and version, every registered family's
+own examples (:meth:`~tlckpt.codec.families.FamilyHandler.examples`), record-count edges, and
 hand-made hostile files at the 1 MiB edge.
 
 Written with the codec itself, deterministically (fixed seeds), each at most
@@ -16,7 +17,7 @@ import numpy as np
 
 from .seed import LARGE_LIMIT, Seed, report_key
 
-__all__ = ["generated_seeds", "max_record_seeds", "crafted_seeds"]
+__all__ = ["generated_seeds", "family_example_seeds", "max_record_seeds", "crafted_seeds"]
 
 _F32_SPECIAL = np.array(
     [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0x7F800001, 0x00000001],
@@ -183,9 +184,24 @@ def generated_seeds() -> list[Seed]:
             dest = ModelStateTarget(tuple(shapes), enc)
             key = report_key("state_bits", data)
             seeds.append(Seed(name, key, "state_bits", data, dest, origin="generated"))
+    seeds += family_example_seeds()
     for s in seeds:
         if len(s.data) > LARGE_LIMIT:
             raise AssertionError(f"generated seed {s.name} is {len(s.data)} bytes")
+    return seeds
+
+
+def family_example_seeds() -> list[Seed]:
+    """Every registered family's own example files, with their destinations: a family is
+    fuzzed by registering it with examples, nothing here names it."""
+    from tlckpt.codec.families import families
+
+    seeds = []
+    for family in families():
+        for example in family.examples():
+            key = report_key(family.name, example.data)
+            data, dest = example.data, example.destination
+            seeds.append(Seed(example.name, key, family.name, data, dest, origin="generated"))
     return seeds
 
 

@@ -41,47 +41,20 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("tlsf32-staged", "tlsf32-in-place", "json")
+from .command import add_folder_options, campaign_parser, exit_with, run_in_folder
+from .live_model import LOAD_MODES, LiveModel
+
+CONFIGS = LOAD_MODES
 REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------ child
-
-
-def model_for(config: str) -> Any:
-    """The model a configuration loads: 2,000 small tensors for JSON, else 48 tensors."""
-    import torch
-
-    if config == "json":
-        return torch.nn.ParameterList(torch.nn.Parameter(torch.empty(16)) for _ in range(2000))
-    layers: list[torch.nn.Module] = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512)]
-    layers += [torch.nn.Linear(512, 512) for _ in range(3)]
-    return torch.nn.Sequential(*layers)  # 6 x (2 + 5) + 3 x 2 = 48 state tensors
-
-
-def values_of(model: Any, seed: int) -> list[Any]:
-    """Values for every state tensor of ``model``, distinct per seed: floats in
-    ``[seed, seed + 1)``, integers ``seed``. Every float32 word of a value >= 1 has ten
-    decimal digits, so the JSON files of any two seeds >= 1 have the same size."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    values = []
-    for t in model.state_dict().values():
-        if t.is_floating_point():
-            values.append(torch.rand(t.shape, generator=generator) + seed)
-        else:
-            values.append(torch.full(t.shape, seed, dtype=t.dtype))
-    return values
 
 
 class _Watch:
@@ -117,43 +90,16 @@ def _say(*words: Any) -> None:
 
 def _config_trials(config: str, count: int, work: Path, watch: _Watch) -> None:
     """Calibrate, then run ``count`` trials of one configuration (see the module docstring)."""
-    import torch
-
-    import tlckpt
-
-    model = model_for(config)
-    live = list(model.state_dict().values())
-    old, new = values_of(model, 1), values_of(model, 2)
-    with torch.no_grad():
-        for t, v in zip(live, new):
-            t.copy_(v)
-    path = work / f"{config}.ckpt"
-    if config == "json":
-        tlckpt.save_state_bits(model, path)
-    else:
-        tlckpt.save_module_state(model, path)
-
-    def load() -> None:
-        if config == "json":
-            tlckpt.load_state_bits(model, path)
-        else:
-            tlckpt.load_module_state(model, path, staged=config == "tlsf32-staged")
+    live = LiveModel(config, work / f"{config}.ckpt", {"old": 1, "new": 2})
+    live.save("new")
+    load = live.load
 
     def reset() -> None:
-        with torch.no_grad():
-            for t, v in zip(live, old):
-                t.copy_(v)
+        live.set("old")
 
     def state() -> str:
-        is_old = [torch.equal(t, v) for t, v in zip(live, old)]
-        is_new = [torch.equal(t, v) for t, v in zip(live, new)]
-        if all(is_old):
-            return "old"
-        if all(is_new):
-            return "new"
-        if all(a or b for a, b in zip(is_old, is_new)):
-            return "mix"
-        return "other"
+        now = live.holds()
+        return "other" if now == "mix" and not live.whole_tensors() else now
 
     spans = []
     for k in range(7):  # calibration: the commit's window within an uninterrupted load
@@ -277,30 +223,22 @@ def run(trials: int, rng: random.Random, work: Path, quiet: bool = False) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.load_interrupts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("load_interrupts", __doc__, seed=11)
     parser.add_argument("--trials", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
-    parser.add_argument("--quiet", action="store_true")
+    add_folder_options(parser)
     parser.add_argument("--child", nargs=2, metavar=("SPLIT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(Path(args.child[1]), json.loads(args.child[0]))
         return 0
-    with tempfile.TemporaryDirectory(prefix="tlckpt-sigint-", dir=args.dir) as tmp:
-        start = time.monotonic()
-        report = run(args.trials, random.Random(args.seed), Path(tmp), quiet=args.quiet)
-        report["seconds"] = round(time.monotonic() - start, 1)
-    print(json.dumps(report, indent=1))
+    rng = random.Random(args.seed)
+    report = run_in_folder(
+        "tlckpt-sigint-", args.dir, lambda folder: run(args.trials, rng, folder, quiet=args.quiet)
+    )
     failures = len(report["failures"])
     print(f"SIGINT trials: {report['trials']}, mixes: {report['mixes']}, failures: {failures}")
     return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

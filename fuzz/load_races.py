@@ -42,23 +42,22 @@ Exit status: 0 if no failure, else 1.
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import random
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .load_interrupts import model_for, values_of
+from .command import add_folder_options, campaign_parser, exit_with, run_in_folder
+from .live_model import LOAD_MODES, LiveModel
 
-KINDS = ("tlsf32-staged", "tlsf32-in-place", "json")
+KINDS = LOAD_MODES
 RACERS = ("rewrite", "truncate")
 CHUNK = 64 * 1024
 REPO = Path(__file__).resolve().parents[1]
@@ -175,41 +174,27 @@ def _one_config(
     import tlckpt
     from tlckpt.codec import PartialLoadError
 
-    model = model_for(kind)
-    live = list(model.state_dict().values())
-    versions = {"old": values_of(model, 1), "A": values_of(model, 2), "B": values_of(model, 3)}
-    flat = {k: torch.cat([t.double().reshape(-1) for t in v]).numpy() for k, v in versions.items()}
     path = work / f"{kind}-{racer}.ckpt"
-    images = []
-    for name in ("A", "B"):
-        with torch.no_grad():
-            for t, v in zip(live, versions[name]):
-                t.copy_(v)
-        image = work / f"{kind}-{racer}.{name}"
-        if kind == "json":
-            tlckpt.save_state_bits(model, image)
-        else:
-            tlckpt.save_module_state(model, image)
-        images.append(image)
+    model = LiveModel(kind, path, {"old": 1, "A": 2, "B": 3})
+    live = model.live
+    flat = {
+        k: torch.cat([t.double().reshape(-1) for t in v]).numpy() for k, v in model.versions.items()
+    }
+    images = [work / f"{kind}-{racer}.{name}" for name in ("A", "B")]
+    for name, image in zip(("A", "B"), images):
+        model.save(name, image)
     if images[0].stat().st_size != images[1].stat().st_size:
         raise RuntimeError("versions A and B must have the same size")
     path.write_bytes(images[0].read_bytes())
     counts = work / f"{kind}-{racer}.counts"
     counts.write_bytes(bytes(16))
-
-    def load() -> None:
-        if kind == "json":
-            tlckpt.load_state_bits(model, path)
-        else:
-            tlckpt.load_module_state(model, path, staged=kind == "tlsf32-staged")
+    load = model.load
 
     def reset() -> None:
-        with torch.no_grad():
-            for t, v in zip(live, versions["old"]):
-                t.copy_(v)
+        model.set("old")
 
     def unchanged() -> bool:
-        return all(torch.equal(t, v) for t, v in zip(live, versions["old"]))
+        return model.holds() == "old"
 
     reset()
     start = time.perf_counter()
@@ -298,15 +283,9 @@ def run(loads: int, work: Path, seed: int, quiet: bool = False) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.load_races",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("load_races", __doc__, seed=5)
     parser.add_argument("--loads", type=int, default=1200)
-    parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
-    parser.add_argument("--quiet", action="store_true")
+    add_folder_options(parser)
     parser.add_argument("--racer", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.racer:
@@ -316,16 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="tlckpt-races-", dir=args.dir) as tmp:
-        start = time.monotonic()
-        report = run(args.loads, Path(tmp), args.seed, quiet=args.quiet)
-        report["seconds"] = round(time.monotonic() - start, 1)
-    print(json.dumps(report, indent=1))
+    report = run_in_folder(
+        "tlckpt-races-", args.dir, lambda folder: run(args.loads, folder, args.seed, args.quiet)
+    )
     failures = len(report["failures"])
     print(f"loads: {report['loads']}, silent mixes: {report['silent_mixes']}, failures: {failures}")
     return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

@@ -18,6 +18,9 @@ fails; one with no field mapped falls back to the 8-byte grid after the magic, w
 its fields lie up to the first payload. Any other exception while mapping is a bug in the
 harness or the codec and propagates.
 
+The specs and their application are in :mod:`fuzz.mutation_spec` (re-exported here), the
+JSON mutations in :mod:`fuzz.json_mutations`.
+
 This module imports the codec (the recording visitor subclasses its walker's ``Visitor``):
 the atheris runner, which must import the codec only under instrumentation, does not use it.
 """
@@ -25,109 +28,42 @@ the atheris runner, which must import the codec only under instrumentation, does
 from __future__ import annotations
 
 import io
-import json
 import random
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from construct import Container
+from construct import Array, Container, Struct
 
 from tlckpt.codec.errors import CheckpointError
 from tlckpt.codec.framed import read_framing
 from tlckpt.codec.source import Source
 from tlckpt.codec.walker import Path, Visitor, parse
+from tlckpt.formats.primitives import unwrap
+
+from .json_mutations import JSON_INSERTS, json_systematic
+from .mutation_spec import SMALL, Spec, apply, describe
+
+__all__ = [
+    "Spec",
+    "apply",
+    "describe",
+    "FieldMap",
+    "Recorder",
+    "field_map",
+    "RECORD_KINDS",
+    "record_mutation",
+    "record_kind",
+    "systematic",
+    "random_specs",
+]
 
 EDGE_U64 = (0, 1, 2**32, 2**63, 2**64 - 1)
 #: Byte flips tried at every position of a small file.
 FLIP_MASKS = (0x01, 0x80, 0xFF)
-SMALL = 4096
-
-Spec = tuple
-
-# ------------------------------------------------------------------------------ applying
-
-
-def _json_doc(data: bytes, cache: dict) -> Any:
-    key = id(data)
-    hit = cache.get(key)
-    if hit is None or hit[0] is not data:
-        hit = (data, json.loads(data))
-        cache[key] = hit
-    return hit[1]
-
-
-_SENTINEL = "\u0000tlckpt-fuzz-sentinel\u0000"
-
-
-def _json_set(doc: Any, path: tuple, raw: bytes) -> bytes:
-    """The document with the node at ``path`` replaced by the raw JSON text ``raw``.
-
-    ``path == ()`` replaces the whole document; a missing key of an object is added.
-    """
-    if not path:
-        return raw
-    *parents, last = path
-    node = doc
-    for p in parents:
-        node = node[p]
-    missing = isinstance(node, dict) and last not in node
-    old = None if missing else node[last]
-    node[last] = _SENTINEL
-    try:
-        text = json.dumps(doc, separators=(",", ":")).encode()
-    finally:
-        if missing:
-            del node[last]
-        else:
-            node[last] = old
-    marker = json.dumps(_SENTINEL).encode()
-    return text.replace(marker, raw, 1)
-
-
-def apply(data: bytes, spec: Spec, cache: dict | None = None) -> bytes:
-    """The mutated bytes for ``spec`` (see the module docstring for the ops)."""
-    op = spec[0]
-    if op == "none":
-        return data
-    if op == "trunc":
-        return data[: spec[1]]
-    if op == "xor":
-        pos, mask = spec[1], spec[2]
-        return data[:pos] + bytes([data[pos] ^ mask]) + data[pos + 1 :]
-    if op == "u64":
-        pos, value = spec[1], spec[2]
-        return data[:pos] + struct.pack("<Q", value) + data[pos + 8 :]
-    if op == "replace":  # data[start:end] = payload
-        start, end, payload = spec[1], spec[2], spec[3]
-        return data[:start] + payload + data[end:]
-    if op == "move":  # data[dst0:dst1] = data[src0:src1] (copied from the original)
-        src0, src1, dst0, dst1 = spec[1:5]
-        return data[:dst0] + data[src0:src1] + data[dst1:]
-    if op == "swap":  # records [a0, a1) and [b0, b1), a before b
-        a0, a1, b0, b1 = spec[1:5]
-        return data[:a0] + data[b0:b1] + data[a1:b0] + data[a0:a1] + data[b1:]
-    if op == "rec":  # a record-level mutation, labelled: ("rec", kind, group, index, inner)
-        return apply(data, spec[4], cache)
-    if op == "seq":  # several specs, applied in order to the running result
-        out = data
-        for sub in spec[1]:
-            out = apply(out, sub, cache)
-        return out
-    if op == "json_set":
-        doc = _json_doc(data, cache if cache is not None else {})
-        return _json_set(doc, spec[1], spec[2])
-    if op == "bytes":
-        return spec[1]
-    raise ValueError(f"unknown mutation {op!r}")
-
-
-def describe(spec: Spec) -> str:
-    """A short, bounded description of a spec for reports."""
-    text = repr(spec)
-    return text if len(text) <= 160 else text[:150] + f"...({len(text)} chars)"
 
 
 # ------------------------------------------------------------------------------ field map
@@ -143,6 +79,8 @@ class FieldMap:
         records: array (dotted spec path: ``schema.slots``, ``entries``, ``tensors``) → the
             ``(start, end)`` byte span of each of its records, in file order.
         payloads: ``(start, end)`` byte span of every payload, in file order.
+        count_fields: array of records → the field that counts it (dotted spec paths), as
+            the spec's ``this`` expression names it.
         parsed: whether the walker read the whole file (a valid seed).
         error: why it did not (the codec's rejection), else ``None``.
     """
@@ -151,6 +89,7 @@ class FieldMap:
     counts: dict[str, int] = field(default_factory=dict)
     records: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     payloads: list[tuple[int, int]] = field(default_factory=list)
+    count_fields: dict[str, str] = field(default_factory=dict)
     parsed: bool = False
     error: CheckpointError | None = None
 
@@ -191,6 +130,24 @@ class Recorder(Visitor):
         self.fm.payloads.append((offset, offset + count * dtype.itemsize))
         return None
 
+    def batches(self, path: Path) -> bool:
+        return False  # every record must reach on_field: its span is what is mapped
+
+
+def count_fields(spec: Struct, prefix: str = "") -> dict[str, str]:
+    """Each array of records of ``spec`` → the field its count expression reads (dotted spec
+    paths: ``entries`` → ``entry_count``, ``schema.slots`` → ``schema.slot_count``)."""
+    out: dict[str, str] = {}
+    for sc in spec.subcons:
+        inner, path = unwrap(sc), prefix + (sc.name or "")
+        if isinstance(inner, Struct):
+            out.update(count_fields(inner, path + "."))
+        elif isinstance(inner, Array) and isinstance(unwrap(inner.subcon), Struct):
+            names = re.findall(r"\['(\w+)'\]", repr(inner.count))
+            if names:
+                out[path] = prefix + ".".join(names)
+    return out
+
 
 def field_map(data: bytes) -> FieldMap:
     """Map a binary seed with the library's walker (see the module docstring).
@@ -202,6 +159,7 @@ def field_map(data: bytes) -> FieldMap:
     src = Source(io.BytesIO(data))
     try:
         spec = read_framing(src, None)
+        fm.count_fields = count_fields(spec.struct)
         parse(src, spec.struct, Recorder(src, fm))
         fm.parsed = True
     except CheckpointError as exc:  # an invalid seed: mapped up to the failing field
@@ -289,12 +247,7 @@ RECORD_KINDS = (
 
 
 def _count_offset(fm: FieldMap, group: str) -> int | None:
-    # "schema.slots" ↔ "schema.slot_count"; "entries" ↔ "entry_count"; "tensors" ↔ ...
-    wanted = {
-        "schema.slots": "schema.slot_count",
-        "entries": "entry_count",
-        "tensors": "tensor_count",
-    }.get(group)
+    wanted = fm.count_fields.get(group)
     return fm.counts.get(wanted) if wanted else None
 
 
@@ -365,198 +318,6 @@ def _splices(data: bytes, meta: list[int], rng: random.Random, count: int) -> It
             yield ("replace", start, min(n, start + rng.randrange(1, 4096)), b"")
 
 
-# ------------------------------------------------------------------------------ JSON
-
-_JSON_INSERTS = (
-    b"[",
-    b"]",
-    b"{",
-    b"}",
-    b'"',
-    b",",
-    b":",
-    b"-",
-    b"0",
-    b"9",
-    b"e",
-    b".",
-    b" ",
-    b"\\",
-    b"\x00",
-    b"\xff",
-    b"n",
-    b"1" * 30,
-)
-
-#: Replacement texts for a value: huge/odd integers, floats, other types, odd literals.
-HOSTILE_VALUES = (
-    b"18446744073709551616",
-    b"18446744073709551615",
-    b"4294967296",
-    b"65536",
-    b"256",
-    b"-1",
-    b"-0",
-    b"-9223372036854775809",
-    b"1" + b"0" * 400,
-    b"9" * 5000,
-    b"1e400",
-    b"1E2",
-    b"0.0",
-    b"1.5",
-    b"NaN",
-    b"Infinity",
-    b"-Infinity",
-    b"true",
-    b"false",
-    b"null",
-    b'"1"',
-    b"[]",
-    b"{}",
-    b"[1,2]",
-    b"[[1,2]]",
-    b"0x10",
-    b"00",
-    b"01",
-    b"+1",
-    b"1.",
-    b".5",
-    b"9" * 30,
-    b"1e-400",
-    b'"\\ud800"',
-    b"[" * 10000,
-    b"[" * 10000 + b"]" * 10000,
-)
-
-
-def deep(n: int, open_: bytes = b"[", close: bytes = b"]") -> bytes:
-    return open_ * n + close * n
-
-
-def _json_documents(doc: Any, tag: str) -> Iterator[bytes]:
-    """Whole documents: nesting bombs, duplicated keys, other top-level types, encodings."""
-    state = json.dumps(doc.get("state", []) if isinstance(doc, dict) else []).encode()
-    t = json.dumps(tag).encode()
-    yield b"[" * 10000
-    yield deep(10000)
-    yield b'{"a":' * 10000 + b"1" + b"}" * 10000
-    for depth in (1023, 1024, 1025, 100_000):
-        yield b'{"format":' + t + b',"state":[' + deep(depth) + b"]}"
-        yield b'{"format":' + t + b',"state":[{"shape":[1],"values":' + deep(depth) + b"}]}"
-    yield b'{"format":' + t + b',"format":"other","state":' + state + b"}"
-    yield b'{"format":"other","format":' + t + b',"state":' + state + b"}"
-    yield b'{"format":' + t + b',"state":[],"state":' + state + b"}"
-    yield b'{"format":' + t + b',"state":' + state + b',"state":[]}'
-    yield b'{"format":' + t + b',"state":' + state + b',"extra":' + deep(500) + b"}"
-    yield from (b"[]", b"1", b"null", b'"x"', b"true", b"", b" ", b"{", b"}", b"\xef\xbb\xbf{}")
-    utf8 = json.dumps(doc).encode()
-    yield b"\xef\xbb\xbf" + utf8
-    yield json.dumps(doc).encode("utf-16")
-    yield utf8.replace(b"torchlean", b"torchlean\xff", 1)
-    yield utf8.replace(b'"format"', b'"form\\u0061t"', 1)
-    yield utf8 + b"\x00"
-    yield utf8 + b" garbage"
-    yield utf8.replace(b"{", b"{\n" + b" " * 100_000, 1)
-    for bad_tag in (
-        "torchlean_state_binary_99999999999999999999_1_1_ieee_v1",
-        "torchlean_state_binary_0_1_1_ieee_v1",
-        "torchlean_state_binary_11_52_1023_ieee_v1",
-        "torchlean_state_binary_5_10_15_ieee_v1",
-        "torchlean_state_binary_63_0_1_finite_v1",
-        "torchlean_state_binary_64_0_1_finite_v1",
-        "torchlean_state_binary_" + "1" * 5000 + "_1_1_ieee_v1",
-        "torchlean_state_complex_v1(" * 50 + "torchlean_state_bits_v1" + ")" * 50,
-        "torchlean_state_complex_v1(torchlean_state_complex_v1(torchlean_state_bits_v1))",
-        "x" * 1_000_000,
-        "",
-    ):
-        yield b'{"format":' + json.dumps(bad_tag).encode() + b',"state":' + state + b"}"
-
-
-def _json_nodes(doc: Any, entries: int = 8) -> Iterator[tuple]:
-    """Paths worth replacing: the top-level keys, each entry, its shape/values, some values."""
-    if not isinstance(doc, dict):
-        return
-    yield ("format",)
-    yield ("state",)
-    state = doc.get("state")
-    if not isinstance(state, list):
-        return
-    for i, entry in enumerate(state[:entries]):
-        yield ("state", i)
-        if not isinstance(entry, dict):
-            continue
-        for key in ("shape", "values"):
-            if key in entry:
-                yield ("state", i, key)
-        shape = entry.get("shape")
-        if isinstance(shape, list) and shape:
-            yield ("state", i, "shape", 0)
-            yield ("state", i, "shape", len(shape) - 1)
-        values = entry.get("values")
-        if isinstance(values, list) and values:
-            for k in sorted({0, len(values) // 2, len(values) - 1}):
-                yield ("state", i, "values", k)
-                if isinstance(values[k], list) and values[k]:
-                    yield ("state", i, "values", k, 0)
-                    yield ("state", i, "values", k, len(values[k]) - 1)
-
-
-def _json_systematic(data: bytes, rng: random.Random) -> Iterator[Spec]:
-    """Character edits everywhere (small) or sampled (large); structural edits in full on
-    small documents, on the first entry of large ones (the same code paths, at a fraction of
-    the cost of re-serialising a 700 KB document per case)."""
-    n = len(data)
-    small = n <= SMALL
-    yield ("none",)
-    positions = list(range(n)) if small else sorted(rng.sample(range(n), 250))
-    for k in positions:
-        yield ("trunc", k)
-    for k in positions:
-        yield ("replace", k, k + 1, b"")  # delete one character
-    for i, k in enumerate(positions):
-        yield ("replace", k, k, _JSON_INSERTS[i % len(_JSON_INSERTS)])
-    if not small:
-        for _ in range(250):
-            k = rng.randrange(n)
-            yield ("replace", k, k, rng.choice(_JSON_INSERTS))
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return
-    tag = doc.get("format", "") if isinstance(doc, dict) else ""
-    for path in _json_nodes(doc, entries=8 if small else 1):
-        for raw in HOSTILE_VALUES:
-            yield ("json_set", path, raw)
-    if isinstance(doc, dict) and isinstance(doc.get("state"), list):
-        for i, entry in enumerate(doc["state"][: 4 if small else 1]):
-            if not isinstance(entry, dict):
-                continue
-            for shape in (
-                b"[18446744073709551616,18446744073709551616]",
-                b"[0,1e400]",
-                b"[" + b",".join([b"9223372036854775807"] * 45_000) + b"]",
-                b"[" + b",".join([b"0"] * 100_000) + b"]",
-                b"[-1]",
-                b"[1.0]",
-                b"[true]",
-                b"[[2]]",
-            ):
-                yield ("json_set", ("state", i, "shape"), shape)
-            yield ("json_set", ("state", i), b'{"shape":[1],"shape":[2],"values":[0]}')
-            yield ("json_set", ("state", i), b'{"values":[0],"shape":[1],"values":[1,2]}')
-            yield ("json_set", ("state", i), b'{"shape":[],"values":[0],"extra":{"x":[]}}')
-        yield ("json_set", ("state",), b"[" + b",".join([b"{}"] * 50_000) + b"]")
-        yield ("json_set", ("state",), b"[" + b",".join([b"[]"] * 50_000) + b"]")
-        yield (
-            "json_set",
-            ("state",),
-            b"[" + b",".join([b'{"shape":[],"values":[0]}'] * 20_000) + b"]",
-        )
-    for document in _json_documents(doc, tag if isinstance(tag, str) else ""):
-        yield ("bytes", document)
-
-
 # ------------------------------------------------------------------------------ entry points
 
 
@@ -566,7 +327,7 @@ def systematic(data: bytes, binary: bool, seed: int = 0) -> Iterator[Spec]:
     if binary:
         yield from _binary_systematic(data, field_map(data), rng)
     else:
-        yield from _json_systematic(data, rng)
+        yield from json_systematic(data, rng)
 
 
 #: Share of random mutations of a binary seed with records that start with a record-level one.
@@ -602,7 +363,7 @@ def random_specs(data: bytes, binary: bool, rng: random.Random, fm: FieldMap | N
                 parts.append(("u64", off, value))
         elif not binary and roll < 0.75:
             k = rng.randrange(length + 1)
-            insert = rng.choice(_JSON_INSERTS)
+            insert = rng.choice(JSON_INSERTS)
             parts.append(("replace", k, k, insert))
             length += len(insert)
         else:

@@ -8,7 +8,9 @@ Run from the repository root::
 
 A small model with tied embedding/output weights, a frozen layer and BatchNorm buffers is
 trained a few steps with each optimizer variant (Adam/AdamW; default, ``foreach=False``,
-``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA).
+``fused=True``; float32 and float64; with a random counter; ``capturable=True`` on CUDA; and
+states only tlckpt's own ``TLCKOPT`` family holds: two param groups with amsgrad, bfloat16
+parameters with a trainable one that has no state).
 Its optimizer file (``save_optimizer``), its model file (``save_module_state``, float32
 only; loaded both staged and with ``staged=False``) and its exact-bits JSON file
 (``save_state_bits``) are mutated with
@@ -27,11 +29,9 @@ Exit status: 0 if nothing escaped and nothing changed, else 1.
 
 from __future__ import annotations
 
-import argparse
-import os
+import dataclasses
 import random
 import struct
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -41,28 +41,11 @@ from typing import Any
 
 import torch
 
+from tlckpt.testing.bitwise import same
+from tlckpt.testing.models import TiedNet, train
+
+from .command import campaign_parser, exit_with
 from .mutators import apply, describe, systematic
-
-VOCAB, WIDTH = 7, 4
-
-
-class TiedNet(torch.nn.Module):
-    """Embedding ↔ head tied, a frozen layer, BatchNorm (running stats, int64 counter)."""
-
-    def __init__(self, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, WIDTH)
-        self.norm = torch.nn.BatchNorm1d(WIDTH)
-        self.frozen = torch.nn.Linear(WIDTH, WIDTH)
-        self.frozen.requires_grad_(False)
-        self.mix = torch.nn.Linear(WIDTH, WIDTH)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
-        self.head.weight = self.emb.weight
-        self.to(dtype)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.norm(self.emb(tokens))
-        return self.head(torch.tanh(self.mix(self.frozen(h))))
 
 
 @dataclass(frozen=True)
@@ -73,6 +56,8 @@ class Variant:
     options: tuple = ()
     counter: int | None = None
     device: str = "cpu"
+    groups: bool = False  # weight decay for matrices only: two param groups
+    idle: bool = False  # the frozen layer made trainable after training: no state for it
 
 
 def variants(device: str = "cpu") -> list[Variant]:
@@ -82,9 +67,11 @@ def variants(device: str = "cpu") -> list[Variant]:
         Variant("adamw-fused", options=(("fused", True),)),
         Variant("adamw-f64", dtype=torch.float64),
         Variant("adam-counter", "adam", counter=2**64 - 1),
+        Variant("adamw-groups-amsgrad", options=(("amsgrad", True),), groups=True, counter=7),
+        Variant("adamw-bf16-idle", dtype=torch.bfloat16, options=(("fused", True),), idle=True),
     ]
     if device != "cpu":
-        out = [Variant(v.name, v.kind, v.dtype, v.options, v.counter, device) for v in out]
+        out = [dataclasses.replace(v, device=device) for v in out]
         out.append(Variant("adamw-capturable", options=(("capturable", True),), device=device))
         out.append(
             Variant(
@@ -99,14 +86,16 @@ def build(variant: Variant, seed: int = 0) -> tuple[TiedNet, torch.optim.Optimiz
     torch.manual_seed(seed)
     model = TiedNet(variant.dtype).to(variant.device)
     cls = torch.optim.Adam if variant.kind == "adam" else torch.optim.AdamW
-    opt = cls(model.parameters(), lr=1e-2, **dict(variant.options))
-    g = torch.Generator().manual_seed(seed + 1)
-    for _ in range(3):
-        x = torch.randint(0, VOCAB, (6,), generator=g).to(variant.device)
-        y = torch.randint(0, VOCAB, (6,), generator=g).to(variant.device)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    params: Any = list(model.parameters())
+    if variant.groups:
+        params = [
+            {"params": [p for p in params if p.ndim > 1], "weight_decay": 0.05},
+            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+        ]
+    opt = cls(params, lr=1e-2, **dict(variant.options))
+    train(model, opt, 0, 3, variant.device)
+    if variant.idle:
+        model.frozen.requires_grad_(True)
     return model, opt
 
 
@@ -156,16 +145,10 @@ def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
+    """Snapshot parts equal: sequences item by item, tensors (raw bytes) bit for bit."""
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
+    return same(a, b)
 
 
 def differences(before: dict, after: dict) -> list[str]:
@@ -337,11 +320,7 @@ def _finding(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.runtime_hostile",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = campaign_parser("runtime_hostile", __doc__, seed=3)
     parser.add_argument(
         "--per-file",
         type=int,
@@ -350,7 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
@@ -386,5 +364,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    exit_with(main)

@@ -3,7 +3,11 @@
 * :func:`schema_of` — the parameter slots of a module and their tied-weight map.
 * :func:`save_module_state` / :func:`load_module_state` — float32 state as ``TLSF32B``.
 * :func:`save_state_bits` / :func:`load_state_bits` — any float dtype as exact-bits JSON.
-* :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF``.
+* :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF`` when it
+  fits TorchLean's versions, else as tlckpt's own ``TLCKOPT`` family.
+* :class:`CheckpointManager`, :func:`save_checkpoint` / :func:`load_checkpoint` — a whole
+  training state (model, optimizer, scheduler, hyperparameters, random states) as one
+  verified checkpoint set (:mod:`.checkpoint_sets`, :mod:`.checkpoint_manager`).
 
 Loads are all or nothing: the file is read and checked completely, and found unchanged,
 before anything live changes, and Ctrl-C is held back while live state is written. The one
@@ -19,31 +23,30 @@ How the package is laid out: the public functions (:mod:`.module_state`, :mod:`.
 choose a placement (:mod:`.placement`: :mod:`.local_placement` or
 :mod:`.sharded_placement`, whose collectives are in :mod:`.collectives`) and run the
 operation, written once over it: :mod:`.float32_files` (``TLSF32B``), :mod:`.bits_files`
-(exact-bits JSON), :mod:`.adam_files` (``TLADAMF``). A load returns a plan; its commit
-(:mod:`.plans`) is the only place where live tensors or optimizer state are written.
+(exact-bits JSON), :mod:`.optimizer_files` (``TLADAMF`` and ``TLCKOPT``). A load returns a
+plan; its commit (:mod:`.plans`) is the only place where live tensors or optimizer state are
+written.
 """
 
 from ..optional import require
+from ..runtime_names import RUNTIME_NAMES
 
 # Before anything below imports torch: without it, one message that says what to install.
 require("torch", "tlckpt.runtime (torch models and optimizers)")
 
-from .module_state import (  # noqa: E402
-    load_module_state,
-    load_state_bits,
-    save_module_state,
-    save_state_bits,
-)
-from .optimizer import MissingRandomCounterWarning, load_optimizer, save_optimizer  # noqa: E402
-from .slots import schema_of  # noqa: E402
+from .checkpoint_manager import CheckpointManager as CheckpointManager  # noqa: E402
+from .checkpoint_manager import SaveHandle as SaveHandle  # noqa: E402
+from .checkpoint_sets import Restored as Restored  # noqa: E402
+from .checkpoint_sets import load_checkpoint as load_checkpoint  # noqa: E402
+from .checkpoint_sets import save_checkpoint as save_checkpoint  # noqa: E402
+from .module_state import load_module_state as load_module_state  # noqa: E402
+from .module_state import load_state_bits as load_state_bits  # noqa: E402
+from .module_state import save_module_state as save_module_state  # noqa: E402
+from .module_state import save_state_bits as save_state_bits  # noqa: E402
+from .optimizer import MissingRandomCounterWarning as MissingRandomCounterWarning  # noqa: E402
+from .optimizer import load_optimizer as load_optimizer  # noqa: E402
+from .optimizer import save_optimizer as save_optimizer  # noqa: E402
+from .slots import schema_of as schema_of  # noqa: E402
 
-__all__ = [
-    "schema_of",
-    "save_module_state",
-    "load_module_state",
-    "save_state_bits",
-    "load_state_bits",
-    "save_optimizer",
-    "load_optimizer",
-    "MissingRandomCounterWarning",
-]
+#: The one list of these names (torch-free, so the root package can name them lazily).
+__all__ = list(RUNTIME_NAMES)

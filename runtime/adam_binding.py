@@ -1,10 +1,13 @@
-"""What a live ``torch.optim.Adam``/``AdamW`` means in TorchLean's terms, or why it cannot.
+"""What a live ``torch.optim.Adam``/``AdamW`` means in the files' terms, or why it cannot.
 
-The config a checkpoint carries is read off the optimizer's own param groups (kind from the
-class and ``decoupled_weight_decay``; betas, eps and weight decay bit for bit; the moment
-dtype from the parameters). Everything the format cannot express faithfully is refused here,
-before any file is opened: ``amsgrad``, groups that differ, Adam with L2 weight decay, moment
-dtypes other than float32/float64, parameters the optimizer and the module disagree on.
+:func:`bind_optimizer` matches the optimizer to the parameter slots and reads every param
+group's hyperparameters bit for bit (kind from the class and ``decoupled_weight_decay``;
+betas, eps, weight decay, lr, amsgrad, maximize) and each slot's dtype. What no file can hold
+is refused there, before any file is opened: another optimizer, parameters the optimizer and
+the module disagree on, tied slots tracked separately, moments of a dtype neither family has
+(complex, float8, integers). Whether the state also fits one of TorchLean's ``TLADAMF``
+versions is :meth:`AdamBinding.fit`'s verdict (:mod:`tlckpt.codec.torchlean_fit`);
+:func:`bind_adam` requires it.
 
 It also knows the form of the ``step`` tensor each optimizer setting expects (mirroring
 ``torch.optim.Adam._init_group`` in torch 2.x), so that installed state is exactly what the
@@ -13,18 +16,31 @@ optimizer would have created itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..codec.config import AdamConfig, AdamKind, MomentDtype, float_bits
+from ..codec.config import AdamConfig, AdamKind
 from ..codec.errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError
+from ..codec.optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig
+from ..codec.torchlean_fit import TorchLeanFit, torchlean_fit
 from .slots import ModuleOrParams, ParameterSlots, parameter_slots
 
-__all__ = ["AdamBinding", "bind_adam", "step_tensor", "step_value"]
+__all__ = [
+    "AdamBinding",
+    "bind_optimizer",
+    "bind_adam",
+    "dtype_name",
+    "step_tensor",
+    "step_value",
+]
 
-_MOMENT_DTYPES = {torch.float32: MomentDtype.FLOAT32, torch.float64: MomentDtype.FLOAT64}
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"``: a moment dtype as the files name it."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -34,142 +50,114 @@ class AdamBinding:
     Attributes:
         optimizer: the ``torch.optim.Adam`` (or ``AdamW``).
         slots: the parameter slots (``module_or_params``).
-        config: the optimizer's config in TorchLean's terms (validated).
         groups: per slot, the param group managing the slot's tensor (``None`` when the
             optimizer does not manage it: frozen slots, aliases).
+        group_index: per slot, that group's index in ``optimizer.param_groups``.
+        group_configs: every param group's hyperparameters, in order.
+        dtypes: per slot, its parameter's dtype name (the moment dtype).
+        config: the TorchLean config (:func:`bind_adam`), or ``None`` (:func:`bind_optimizer`).
     """
 
     optimizer: torch.optim.Optimizer
     slots: ParameterSlots
-    config: AdamConfig
     groups: tuple[dict[str, Any] | None, ...]
+    group_index: tuple[int | None, ...]
+    group_configs: tuple[ParamGroupConfig, ...]
+    dtypes: tuple[str, ...]
+    config: AdamConfig | None = None
+
+    def fit(self, has_state: Callable[[int], bool] | None = None) -> TorchLeanFit:
+        """Whether the state fits TorchLean's versions (``has_state``: whether a
+        representative slot has state; ``None``: all have)."""
+        return torchlean_fit(
+            self.slots.schema,
+            self.group_configs,
+            self.group_index,
+            self.dtypes,
+            has_state=has_state,
+            label=self.slots.label,
+        )
 
 
 def _float(value: Any) -> float:
-    # torch allows tensor betas (capturable); their value, not the tensor, is the config.
+    # torch allows tensor betas and lr (capturable); their value, not the tensor, is the config.
     if isinstance(value, torch.Tensor):
         return float(value.item())
     return float(value)
 
 
-def _group_config(optimizer: torch.optim.Optimizer, index: int, group: dict) -> dict[str, Any]:
-    if group.get("amsgrad", False):
-        raise ConfigError(
-            f"param group {index} has amsgrad=True: its max_exp_avg_sq history has no place"
-            " in a TorchLean Adam checkpoint",
-            field=f"param_groups[{index}].amsgrad",
-            actual=True,
-            expected=False,
-        )
+def _group_config(optimizer: torch.optim.Optimizer, index: int, group: dict) -> ParamGroupConfig:
     beta1, beta2 = group["betas"]
     decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(
         group.get("decoupled_weight_decay", False)
     )
-    return {
-        "kind": AdamKind.ADAMW if decoupled else AdamKind.ADAM,
-        "beta1": _float(beta1),
-        "beta2": _float(beta2),
-        "epsilon": _float(group["eps"]),
-        "weight_decay": _float(group["weight_decay"]),
-    }
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    out = []
-    for key, x in a.items():
-        y = b[key]
-        if key == "kind":
-            if x is not y:
-                out.append(f"kind {x.name} vs {y.name}")
-        elif float_bits(x) != float_bits(y):
-            out.append(f"{key} {x!r} vs {y!r}")
-    return out
-
-
-def _moment_dtype(slots: ParameterSlots) -> MomentDtype:
-    owners = slots.schema.representative_slots
-    if not owners:
-        # Nothing trainable: no moment exists, but the file's dtype still follows the model.
-        dtypes = {t.dtype for t in slots.tensors}
-        if len(dtypes) == 1:
-            return _MOMENT_DTYPES.get(dtypes.pop(), MomentDtype.FLOAT32)
-        return MomentDtype.FLOAT32
-    found: dict[torch.dtype, int] = {}
-    for i in owners:
-        found.setdefault(slots.tensors[i].dtype, i)
-    if len(found) > 1:
-        listed = ", ".join(f"{slots.label(i)} is {d}" for d, i in found.items())
+    config = ParamGroupConfig(
+        AdamKind.ADAMW if decoupled else AdamKind.ADAM,
+        _float(beta1),
+        _float(beta2),
+        _float(group["eps"]),
+        _float(group["weight_decay"]),
+        _float(group["lr"]),
+        bool(group.get("amsgrad", False)),
+        bool(group.get("maximize", False)),
+    )
+    try:
+        config.validate()
+    except ConfigError as exc:
         raise ConfigError(
-            f"parameters have different dtypes ({listed}); one checkpoint has one moment dtype",
-            actual=[str(d) for d in found],
-        )
-    ((dtype, i),) = found.items()
-    if dtype not in _MOMENT_DTYPES:
-        raise ConfigError(
-            f"{slots.label(i)} is {dtype}: Adam moments of that dtype cannot be stored"
-            " (TorchLean checkpoints hold float32 or float64 moments)",
-            actual=str(dtype),
-            expected="torch.float32 or torch.float64",
-        )
-    return _MOMENT_DTYPES[dtype]
-
-
-def _config_of(optimizer: torch.optim.Optimizer, slots: ParameterSlots) -> AdamConfig:
-    # Empty groups take no step: their hyperparameters never touch a moment.
-    groups = [(i, g) for i, g in enumerate(optimizer.param_groups) if g["params"]]
-    groups = groups or [(0, optimizer.param_groups[0])]
-    first_index, first_group = groups[0]
-    first = _group_config(optimizer, first_index, first_group)
-    for index, group in groups[1:]:
-        diffs = _same(first, _group_config(optimizer, index, group))
-        if diffs:
-            raise ConfigError(
-                f"param group {index} differs from group {first_index} ({'; '.join(diffs)});"
-                " a checkpoint has one config for all parameters",
-                field=f"param_groups[{index}]",
-            )
-    if first["kind"] is AdamKind.ADAM and first["weight_decay"] != 0.0:
-        raise ConfigError(
-            f"torch.optim.Adam with weight_decay={first['weight_decay']!r} adds L2 decay to"
-            " the gradient, which TorchLean's Adam does not have; use torch.optim.AdamW"
-            " (decoupled weight decay) or weight_decay=0",
-            field="weight_decay",
-            actual=first["weight_decay"],
-            expected=0.0,
-        )
-    config = AdamConfig(dtype=_moment_dtype(slots), **first)
-    config.validate()
+            f"param group {index}: {exc.reason}",
+            field=f"param_groups[{index}].{exc.field}",
+            actual=exc.actual,
+            expected=exc.expected,
+        ) from None
     return config
 
 
-def bind_adam(optimizer: torch.optim.Optimizer, module_or_params: ModuleOrParams) -> AdamBinding:
-    """Match ``optimizer`` to the parameter slots and read its config; refuse what the
-    format cannot hold.
+def _check_dtypes(slots: ParameterSlots) -> tuple[str, ...]:
+    names = tuple(dtype_name(t.dtype) for t in slots.tensors)
+    for i in slots.schema.representative_slots:
+        if names[i] not in MOMENT_DTYPE_NAMES:
+            raise ConfigError(
+                f"{slots.label(i)} is {slots.tensors[i].dtype}: Adam moments of that dtype"
+                f" cannot be stored (tlckpt holds {', '.join(MOMENT_DTYPE_NAMES)} moments;"
+                " TorchLean checkpoints float32 or float64)",
+                field=f"slot {i}",
+                actual=names[i],
+                expected=MOMENT_DTYPE_NAMES,
+            )
+    return names
+
+
+def bind_optimizer(
+    optimizer: torch.optim.Optimizer, module_or_params: ModuleOrParams
+) -> AdamBinding:
+    """Match ``optimizer`` to the parameter slots and read its param groups; refuse what
+    no file can hold.
 
     Args:
         optimizer: a ``torch.optim.Adam`` or ``torch.optim.AdamW``.
         module_or_params: the parameters, as for :func:`~tlckpt.runtime.schema_of`.
 
     Returns:
-        The :class:`AdamBinding`.
+        The :class:`AdamBinding` (``config`` is ``None``: see :meth:`AdamBinding.fit`).
 
     Raises:
         CheckpointError: not an Adam optimizer; the optimizer manages a tensor that is not a
             slot, or misses a trainable slot, or tracks two tied slots separately.
-        ConfigError: amsgrad, differing groups, Adam with weight decay, a moment dtype other
-            than float32/float64, or an invalid config (eps that rounds to 0, ...).
+        ConfigError: a trainable parameter of a dtype no file holds; a param group whose
+            values torch.optim.Adam itself would refuse.
     """
     if not isinstance(optimizer, torch.optim.Adam):
         raise CheckpointError(
-            f"{type(optimizer).__name__} is not supported: TorchLean checkpoints hold"
+            f"{type(optimizer).__name__} is not supported: tlckpt's optimizer files hold"
             " torch.optim.Adam and torch.optim.AdamW state"
         )
     slots = parameter_slots(module_or_params)
     schema = slots.schema
-    group_of: dict[int, dict[str, Any]] = {}
-    for group in optimizer.param_groups:
+    index_of: dict[int, int] = {}
+    for index, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
-            group_of[id(p)] = group
+            index_of[id(p)] = index
     slot_ids = {id(t) for t in slots.tensors}
     for index, group in enumerate(optimizer.param_groups):
         for k, p in enumerate(group["params"]):
@@ -179,29 +167,55 @@ def bind_adam(optimizer: torch.optim.Optimizer, module_or_params: ModuleOrParams
                     f" {tuple(p.shape)}), which is not among the given parameters",
                     field=f"param_groups[{index}].params[{k}]",
                 )
-    groups: list[dict[str, Any] | None] = []
+    group_index: list[int | None] = []
     for i, t in enumerate(slots.tensors):
         r = schema.representative(i)
         if r is None:
-            groups.append(None)
+            group_index.append(None)
             continue
         if r != i:
-            if t is not slots.tensors[r] and id(t) in group_of:
+            if t is not slots.tensors[r] and id(t) in index_of:
                 raise SchemaMismatchError(
                     f"{slots.label(i)} is tied to {slots.label(r)} but the optimizer tracks"
                     " them as two parameters with separate histories",
                     field=f"slot {i}",
                 )
-            groups.append(None)
+            group_index.append(None)
             continue
-        if id(t) not in group_of:
+        if id(t) not in index_of:
             raise SchemaMismatchError(
                 f"trainable {slots.label(i)} is not managed by the optimizer",
                 field=f"slot {i}",
             )
-        groups.append(group_of[id(t)])
-    config = _config_of(optimizer, slots)
-    return AdamBinding(optimizer, slots, config, tuple(groups))
+        group_index.append(index_of[id(t)])
+    dtypes = _check_dtypes(slots)
+    configs = tuple(
+        _group_config(optimizer, index, group) for index, group in enumerate(optimizer.param_groups)
+    )
+    groups = tuple(None if g is None else optimizer.param_groups[g] for g in group_index)
+    return AdamBinding(optimizer, slots, groups, tuple(group_index), configs, dtypes)
+
+
+def bind_adam(optimizer: torch.optim.Optimizer, module_or_params: ModuleOrParams) -> AdamBinding:
+    """:func:`bind_optimizer`, requiring one of TorchLean's configs (a ``TLADAMF`` file's).
+
+    Raises:
+        CheckpointError: as :func:`bind_optimizer`.
+        ConfigError: amsgrad, maximize, differing groups, Adam with weight decay, a moment
+            dtype other than float32/float64 or two dtypes, or an invalid TorchLean config
+            (eps that rounds to 0, ...): the first reason.
+    """
+    binding = bind_optimizer(optimizer, module_or_params)
+    config = binding.fit().require()
+    return AdamBinding(
+        binding.optimizer,
+        binding.slots,
+        binding.groups,
+        binding.group_index,
+        binding.group_configs,
+        binding.dtypes,
+        config,
+    )
 
 
 def _scalar_dtype(fused: bool) -> torch.dtype:

@@ -1,13 +1,15 @@
-"""Adam/AdamW optimizer state ↔ ``TLADAMF`` checkpoints (FORMAT.md §3), all or nothing.
+"""Adam/AdamW optimizer state ↔ files, all or nothing: TorchLean's ``TLADAMF`` (FORMAT.md
+§3) whenever the state fits one of its versions, tlckpt's own ``TLCKOPT`` family otherwise.
 
 The public functions: each chooses the placement of the parameters (one process, or
 DTensors across ranks: :func:`~.placement.placement_for`) and runs the operation written
-once over it (:mod:`.adam_files`). Saving streams one representative slot at a time (device
-moments through reusable pinned host buffers). Loading is plan-then-commit: the file is read
-and checked into fresh tensors on each parameter's device, the complete replacement state is
-built (``step`` in the form the optimizer's settings expect), and only then is the
-optimizer's state swapped in one step (:mod:`.plans`). Any error before the swap leaves the
-optimizer bit for bit as it was; the replacement tensors are simply dropped.
+once over it, for both families (:mod:`.optimizer_files`). Saving streams one
+representative slot at a time (device moments through reusable pinned host buffers). Loading
+is plan-then-commit: the file is read and checked into fresh tensors on each parameter's
+device, the complete replacement state is built (``step`` in the form the optimizer's
+settings expect), and only then is the optimizer's state swapped in one step
+(:mod:`.plans`). Any error before the swap leaves the optimizer bit for bit as it was; the
+replacement tensors are simply dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from ..codec.errors import names_the_file
 from ..codec.gcpause import without_gc
 from ..codec.source import PathOrFile
-from . import adam_files
+from . import optimizer_files
 from .dtensors import reusable
 from .placement import placement_for
 from .slots import ModuleOrParams
@@ -40,30 +42,44 @@ def save_optimizer(
     path: PathOrFile,
     *,
     random_counter: int | None = None,
+    require_torchlean: bool = False,
 ) -> int:
-    """Write an Adam/AdamW optimizer's state as a TorchLean checkpoint (atomically).
+    """Write an Adam/AdamW optimizer's state (atomically).
 
-    The version follows FORMAT.md: float64 moments → 5; else a random counter → 4; else tied
-    parameters → 3; else 2. The learning rate is not part of the file.
+    When the state fits one of TorchLean's ``TLADAMF`` versions — one config (kind, betas,
+    eps, weight decay) for every param group that manages a trainable parameter, no amsgrad,
+    no maximize, float32 or float64 moments of one dtype, state for every trainable
+    parameter — the file is that version, byte-identical to what TorchLean writes: float64
+    moments → 5; else a random counter → 4; else tied parameters → 3; else 2. Otherwise it is
+    tlckpt's own ``TLCKOPT`` family (version 1), which TorchLean cannot read: per-group
+    hyperparameters, amsgrad's ``max_exp_avg_sq``, bfloat16/float16 moments, parameters
+    without state yet. ``inspect(path)["family"]`` says which (``"adam"`` or
+    ``"tlckpt_optimizer"``).
+
+    The learning rate is not part of a ``TLADAMF`` file; a ``TLCKOPT`` file records each
+    group's, which a load leaves to the live optimizer all the same.
 
     Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
     collective: every rank calls it and rank 0 alone opens the file (see
     :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
-        optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW`` that has taken a step.
+        optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW``.
         module_or_params: the module (``named_parameters(remove_duplicate=False)`` order)
             or the parameter sequence the checkpoint describes.
         path: destination path, or a binary file object written at its position.
         random_counter: the training run's random counter to store, if it has one.
+        require_torchlean: refuse to write anything TorchLean cannot read.
 
     Returns:
-        The format version written.
+        The version written: 2 to 5 (``TLADAMF``) or 1 (``TLCKOPT``).
 
     Raises:
-        CheckpointError: a refusal (amsgrad, differing groups, Adam with weight decay,
-            another dtype, no step taken yet, a trainable parameter without state — named)
-            or an invalid counter; checked before the first byte is written.
+        CheckpointError: a refusal (not Adam, a parameter the optimizer and the module
+            disagree on, moments of a dtype no file holds, incomplete state — named), an
+            invalid counter, or with ``require_torchlean`` a :class:`ConfigError` listing
+            every reason the state does not fit TorchLean's versions; checked before the
+            first byte is written.
         OSError: from the file system.
 
     Example:
@@ -72,7 +88,9 @@ def save_optimizer(
     """
     module_or_params = reusable(module_or_params)
     placement = placement_for(module_or_params)
-    return adam_files.save(placement, optimizer, module_or_params, path, random_counter)
+    return optimizer_files.save(
+        placement, optimizer, module_or_params, path, random_counter, require_torchlean
+    )
 
 
 @names_the_file()
@@ -84,14 +102,18 @@ def load_optimizer(
     *,
     restore_random_counter: bool = False,
 ) -> int | None:
-    """Load a TorchLean Adam/AdamW checkpoint into a live optimizer, all or nothing.
+    """Load an Adam/AdamW optimizer file (``TLADAMF`` or ``TLCKOPT``) into a live optimizer,
+    all or nothing.
 
-    The file's config must equal the optimizer's own (kind, betas, eps, weight decay bit for
-    bit, moment dtype = the parameters' dtype); its schema must equal the parameters'. The
-    whole file is read and checked into new tensors on each parameter's device, then the
-    optimizer's state is replaced for all parameters at once (``step`` in the dtype and on
-    the device that the optimizer's own ``step`` expects for its foreach / fused /
-    capturable settings). The learning rate is left as the optimizer has it.
+    Its schema must equal the parameters'. A ``TLADAMF`` file's config must equal the
+    optimizer's own (kind, betas, eps, weight decay bit for bit, in every group; moment dtype
+    = the parameters' dtype). A ``TLCKOPT`` file's param groups must be the optimizer's: as
+    many, each slot in the same group, every hyperparameter but the learning rate equal bit
+    for bit, each entry's moment dtype its parameter's. The whole file is read and checked
+    into new tensors on each parameter's device, then the optimizer's state is replaced for
+    all parameters at once (``step`` in the dtype and on the device that the optimizer's own
+    ``step`` expects for its foreach / fused / capturable settings; a parameter without an
+    entry gets no state). The learning rate is left as the optimizer has it.
 
     Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
     collective: every rank calls it and rank 0 alone opens the file (see
@@ -120,7 +142,7 @@ def load_optimizer(
     """
     module_or_params = reusable(module_or_params)
     placement = placement_for(module_or_params)
-    plan = adam_files.plan_load(
+    plan = optimizer_files.plan_load(
         placement, optimizer, module_or_params, path, restore_random_counter
     )
     if restore_random_counter and plan.random_counter is None:

@@ -1,11 +1,18 @@
-"""Test support shipped with the library: hypothesis strategies and conformance-vector helpers.
+"""Test support shipped with the library: strategies, vectors, a model, exact comparisons.
 
 * :mod:`tlckpt.testing.strategies` — hypothesis strategies for well-formed schemas, configs,
   counters, bit-exact float payloads and whole checkpoint states (needs ``hypothesis``);
 * :mod:`tlckpt.testing.vectors` — where the conformance vectors are (``tests/vectors``), and
-  their manifest entries as the codec's values (``ParameterSchema``, ``AdamConfig``, arrays).
+  their manifest entries as the codec's values (``ParameterSchema``, ``AdamConfig``, arrays);
+* :mod:`tlckpt.testing.adam` — the AdamW configuration tests write when its values do not matter;
+* :mod:`tlckpt.testing.limits` — child processes under resource limits, sparse files;
+* :mod:`tlckpt.testing.models` — a small model with tied, frozen and buffer state, its
+  deterministic training, Adam/AdamW in every implementation (needs ``torch``);
+* :mod:`tlckpt.testing.bitwise` — bit-for-bit comparisons and snapshots of tensors, modules
+  and optimizers (needs ``torch``).
 
-Neither module is imported here, so ``import tlckpt.testing`` needs no test dependency.
+None of them is imported here, so ``import tlckpt.testing`` needs neither a test dependency
+nor torch.
 """
 
 __all__: list[str] = []

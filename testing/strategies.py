@@ -5,7 +5,10 @@ scalars, zero-size dims, tied slots with a valid representative map), configs th
 FORMAT.md §3's validation (``-0.0`` betas and weight decay, subnormal epsilon for float64),
 counters over the whole u64 range, and moment/state payloads drawn as raw storage words so
 that NaN payloads, signalling NaNs, infinities, ``-0.0`` and subnormals all occur and must
-survive bit for bit.
+survive bit for bit. For tlckpt's own optimizer family (``TLCKOPT``): param groups of every
+value torch.optim.Adam accepts (``eps = 0``, infinite weight decay or lr, amsgrad,
+maximize, Adam with L2 decay), any assignment of slots to groups, any subset of slots with
+state, and moments of each of the family's dtypes (bfloat16 and float16 words included).
 
 Example:
     >>> from hypothesis import given
@@ -24,13 +27,25 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ..codec import AdamConfig, AdamEntry, AdamKind, MomentDtype, ParameterSchema
+from ..codec import (
+    AdamConfig,
+    AdamEntry,
+    AdamKind,
+    MomentDtype,
+    OptimizerEntry,
+    ParameterSchema,
+    ParamGroupConfig,
+)
+from ..codec.optimizer_types import MOMENT_DTYPE_NAMES, moment_array_dtype
 
 __all__ = [
     "U64_MAX",
     "SPECIAL_FLOAT32_WORDS",
     "SPECIAL_FLOAT64_WORDS",
+    "SPECIAL_FLOAT16_WORDS",
+    "SPECIAL_BFLOAT16_WORDS",
     "AdamState",
+    "OptimizerState",
     "shapes",
     "float_arrays",
     "parameter_schemas",
@@ -41,6 +56,9 @@ __all__ = [
     "random_counters",
     "steps",
     "adam_states",
+    "moment_arrays",
+    "param_group_configs",
+    "optimizer_states",
     "float32_states",
     "byte_splices",
 ]
@@ -82,9 +100,44 @@ SPECIAL_FLOAT64_WORDS = (
     0x3FF0000000000000,
 )
 
+#: binary16 words: signed zeros, infinities, NaNs with payloads (quiet, signalling),
+#: subnormals, the extremes.
+SPECIAL_FLOAT16_WORDS = (
+    0x0000,
+    0x8000,
+    0x7C00,
+    0xFC00,
+    0x7E00,
+    0x7E01,
+    0x7C01,
+    0xFDFF,
+    0x0001,
+    0x83FF,
+    0x7BFF,
+    0x3C00,
+)
+
+#: bfloat16 words (stored as uint16), the same kinds.
+SPECIAL_BFLOAT16_WORDS = (
+    0x0000,
+    0x8000,
+    0x7F80,
+    0xFF80,
+    0x7FC0,
+    0x7FC1,
+    0x7F81,
+    0xFFBF,
+    0x0001,
+    0x807F,
+    0x7F7F,
+    0x3F80,
+)
+
 _WORDS = {
     np.dtype("<f4"): (np.dtype("<u4"), SPECIAL_FLOAT32_WORDS, 2**32 - 1),
     np.dtype("<f8"): (np.dtype("<u8"), SPECIAL_FLOAT64_WORDS, U64_MAX),
+    np.dtype("<f2"): (np.dtype("<u2"), SPECIAL_FLOAT16_WORDS, 2**16 - 1),
+    np.dtype("<u2"): (np.dtype("<u2"), SPECIAL_BFLOAT16_WORDS, 2**16 - 1),  # bfloat16 words
 }
 
 
@@ -94,7 +147,8 @@ def shapes(max_rank: int = 3, max_side: int = 4) -> st.SearchStrategy[tuple[int,
 
 
 def float_arrays(dtype: Any, shape: Any) -> st.SearchStrategy[np.ndarray]:
-    """Little-endian float32/float64 arrays of ``shape``, drawn as raw words (exact bits).
+    """Little-endian float32/float64/float16 arrays of ``shape`` (or bfloat16 words,
+    ``"<u2"``), drawn as raw words (exact bits).
 
     About half the elements are special words (NaN payloads, infinities, ``-0.0``,
     subnormals); the rest are arbitrary bit patterns.
@@ -239,6 +293,84 @@ def adam_states(
             draw(steps()), draw(float_arrays(dtype, count)), draw(float_arrays(dtype, count))
         )
     return AdamState(schema, config, entries, counter)
+
+
+def moment_arrays(dtype: str, count: int) -> st.SearchStrategy[np.ndarray]:
+    """Flat moment arrays of a ``TLCKOPT`` moment dtype (``"bfloat16"``: its uint16 words)."""
+    return float_arrays(moment_array_dtype(dtype), count)
+
+
+def _non_negative() -> st.SearchStrategy[float]:
+    """What torch.optim.Adam accepts for eps, weight decay and lr: ``>= 0``, not NaN."""
+    return st.one_of(
+        st.sampled_from((0.0, -0.0, 5e-324, 1e-8, 0.01, math.inf)),
+        st.floats(min_value=0.0, allow_nan=False),
+    )
+
+
+@st.composite
+def param_group_configs(draw: st.DrawFn) -> ParamGroupConfig:
+    """Param groups of every value torch.optim.Adam accepts (both kinds, any flags)."""
+    return ParamGroupConfig(
+        draw(st.sampled_from(list(AdamKind))),
+        draw(betas()),
+        draw(betas()),
+        draw(_non_negative()),
+        draw(_non_negative()),
+        draw(_non_negative()),
+        draw(st.booleans()),
+        draw(st.booleans()),
+    )
+
+
+@dataclass(frozen=True)
+class OptimizerState:
+    """Everything ``write_optimizer_state`` takes."""
+
+    schema: ParameterSchema
+    groups: tuple[ParamGroupConfig, ...]
+    slot_groups: tuple[int | None, ...]
+    entries: dict[int, OptimizerEntry]
+    random_counter: int | None
+
+    @property
+    def dtypes(self) -> tuple[str | None, ...]:
+        """Per slot, its entry's moment dtype (``None`` for a slot without an entry)."""
+        return tuple(
+            self.entries[i].dtype if i in self.entries else None for i in range(len(self.schema))
+        )
+
+
+@st.composite
+def optimizer_states(
+    draw: st.DrawFn,
+    schemas: st.SearchStrategy[ParameterSchema] | None = None,
+    max_groups: int = 3,
+    counters: st.SearchStrategy[int | None] | None = None,
+) -> OptimizerState:
+    """A valid ``TLCKOPT`` state: groups, each representative slot's group, state for a
+    subset of those slots (moment dtypes drawn per slot), ``max_exp_avg_sq`` exactly for
+    slots whose group has amsgrad."""
+    schema = draw(parameter_schemas() if schemas is None else schemas)
+    owners = schema.representative_slots
+    groups = tuple(
+        draw(st.lists(param_group_configs(), min_size=1 if owners else 0, max_size=max_groups))
+    )
+    slot_groups = tuple(
+        draw(st.integers(0, len(groups) - 1)) if schema.is_representative(i) else None
+        for i in range(len(schema))
+    )
+    counter = draw(random_counters() if counters is None else counters)
+    with_state = draw(st.lists(st.sampled_from(owners), unique=True) if owners else st.just([]))
+    entries = {}
+    for slot in sorted(with_state):
+        dtype = draw(st.sampled_from(MOMENT_DTYPE_NAMES))
+        count = schema.element_count(slot)
+        moments = [draw(moment_arrays(dtype, count)) for _ in range(2)]
+        if groups[slot_groups[slot]].amsgrad:
+            moments.append(draw(moment_arrays(dtype, count)))
+        entries[slot] = OptimizerEntry(draw(steps()), dtype, *moments)
+    return OptimizerState(schema, groups, slot_groups, entries, counter)
 
 
 def float32_states(max_tensors: int = 6, max_rank: int = 3) -> st.SearchStrategy[list[np.ndarray]]:

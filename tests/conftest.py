@@ -5,8 +5,9 @@ The vectors live in ``tests/vectors`` (:func:`tlckpt.testing.vectors.vectors_dir
 * ``VECTORS_DIR`` / the ``vectors_dir`` fixture: that folder; ``manifest`` fixture: its
   ``manifest.json`` parsed.
 * ``@pytest.mark.vectors("state_bits")`` parametrises a test's ``vector`` argument with every
-  entry of that manifest section; ``@pytest.mark.vectors("invalid", kind="state_bits")`` with
-  the entries of ``invalid[]`` of that kind (``kind=("adam", "float32_state")`` for several).
+  entry of that manifest section (``vectors("adam", "float32_state")``: of several, in that
+  order); ``@pytest.mark.vectors("invalid", kind="state_bits")`` with the entries of
+  ``invalid[]`` of that kind (``kind=("adam", "float32_state")`` for several).
   Test ids are the file names. The ``vector_path`` fixture is the parametrised file's path.
 * ``vector_usage`` fixture: file name → node ids of the collected test functions that were
   parametrised with it (tests check that no vector goes unexercised).
@@ -42,16 +43,20 @@ def load_manifest() -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def select_vectors(section: str, kind: str | tuple[str, ...] | None = None) -> list[dict]:
-    """Entries of ``manifest[section]``, optionally only those of the given kind(s)."""
+def select_vectors(
+    sections: tuple[str, ...], kind: str | tuple[str, ...] | None = None
+) -> list[dict]:
+    """Entries of ``manifest[section]`` for each section in turn, optionally only those of
+    the given kind(s)."""
     kinds = (kind,) if isinstance(kind, str) else kind
-    return [e for e in load_manifest()[section] if kinds is None or e.get("kind") in kinds]
+    manifest = load_manifest()
+    return [e for s in sections for e in manifest[s] if kinds is None or e.get("kind") in kinds]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "vectors(section, kind=None): parametrise `vector` with manifest[section] entries",
+        "vectors(*sections, kind=None): parametrise `vector` with manifest[section] entries",
     )
 
 
@@ -59,11 +64,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("vectors")
     if marker is None or "vector" not in metafunc.fixturenames:
         return
-    section = marker.args[0]
+    sections = marker.args
     kind = marker.kwargs.get("kind")
-    entries = select_vectors(section, kind)
+    entries = select_vectors(sections, kind)
     if not entries:
-        raise pytest.UsageError(f"no vectors in manifest[{section!r}] of kind {kind!r}")
+        raise pytest.UsageError(f"no vectors in manifest{list(sections)} of kind {kind!r}")
     for entry in entries:
         VECTOR_USAGE[entry["file"]].add(metafunc.definition.nodeid)
     metafunc.parametrize("vector", entries, ids=[entry["file"] for entry in entries])

@@ -146,14 +146,28 @@ def test_readme_two_commands() -> None:
 
 
 def _documented() -> dict[str, str]:
-    """``### `name` `` headings of docs/api.md → the first code line that follows."""
+    """``### `name` `` headings of docs/api.md → the first code statement that follows, on
+    one line (a signature the formatter wrapped over several lines is joined back)."""
     text = (DOCS / "api.md").read_text(encoding="utf-8")
     found = {}
     for match in re.finditer(r"^### `([\w.]+)`\n(.*?)(?=^#{2,3} |\Z)", text, re.M | re.S):
         body = match.group(2)
-        code = re.search(r"^```python\n(.*?)\n", body, re.M)
-        found[match.group(1)] = code.group(1) if code else ""
+        code = re.search(r"^```python\n(.*?)^```", body, re.M | re.S)
+        found[match.group(1)] = _first_statement(code.group(1)) if code else ""
     return found
+
+
+def _first_statement(code: str) -> str:
+    """The first line of ``code``, joined with the lines that follow while a bracket it
+    opens is still open."""
+    parts, depth = [], 0
+    for line in code.splitlines():
+        parts.append(line.strip())
+        depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+        if depth <= 0:
+            break
+    joined = " ".join(parts)
+    return re.sub(r"\( ", "(", re.sub(r",? \)", ")", joined))
 
 
 def test_api_reference_documents_every_public_name() -> None:

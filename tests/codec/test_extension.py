@@ -18,7 +18,6 @@ from construct import Default, Struct
 from tlckpt.codec import (
     AdamConfig,
     AdamEntry,
-    AdamKind,
     CheckpointError,
     MomentDtype,
     ParameterSchema,
@@ -38,6 +37,7 @@ from tlckpt.formats import (
     register,
     unregister,
 )
+from tlckpt.testing.adam import adamw_config
 
 
 def _v5_field(name: str) -> Any:
@@ -57,7 +57,7 @@ SCHEMA = ParameterSchema([(2, 2), (2, 2), (3,), ()], [True, True, False, True], 
 
 
 def _state(dtype: MomentDtype) -> tuple[AdamConfig, dict[int, AdamEntry]]:
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, dtype)
+    config = adamw_config(dtype)
     entries = {
         slot: AdamEntry(
             7,

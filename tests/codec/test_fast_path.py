@@ -19,9 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
-    AdamKind,
     CheckpointError,
     MomentDtype,
     ParameterSchema,
@@ -39,6 +37,7 @@ from tlckpt.codec.float32_state import read_float32_payloads
 from tlckpt.codec.inspection import inspect
 from tlckpt.codec.walker import interpreted
 from tlckpt.testing import strategies as tls
+from tlckpt.testing.adam import adamw_config
 from tlckpt.testing.vectors import config_from_manifest, schema_from_manifest, vectors_dir
 
 VECTORS = vectors_dir()
@@ -219,7 +218,7 @@ def _alike_adam(version: int) -> bytes:
         [True] * 4 + [False] + [True] * 6,
         None if version == 2 else [0, 1, 0, 3, None, 5, 6, 7, 8, 9, 10],
     )
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, MomentDtype.FLOAT32)
+    config = adamw_config()
     entries = {
         slot: AdamEntry(
             slot + 1,

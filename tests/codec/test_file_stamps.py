@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
-    AdamKind,
     FileChangedError,
     ParameterSchema,
     read_adam,
@@ -28,6 +26,7 @@ from tlckpt.codec import adam as adam_module
 from tlckpt.codec import float32_state as float32_module
 from tlckpt.codec import state_bits as state_bits_module
 from tlckpt.codec.source import open_source
+from tlckpt.testing.adam import adamw_config
 
 
 def _write(path: Path, value: float) -> None:
@@ -134,7 +133,7 @@ def _versions(tmp_path: Path, reader: str) -> tuple[Path, bytes, Callable[[Path]
         write_state_bits(other, [np.full(4, 2.5, np.float32)], "float32")
         return path, other.read_bytes(), lambda p: read_state_bits(p, [(4,)], "float32")
     schema = ParameterSchema([(1000,)], [True], [0])
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+    config = adamw_config()
     for p, value in ((path, 1.0), (other, 2.0)):
         m = np.full(1000, value, np.float32)
         write_adam(p, schema, config, {0: AdamEntry(3, m, m)})

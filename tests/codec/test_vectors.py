@@ -42,9 +42,6 @@ from tlckpt.testing.vectors import (
     schema_from_manifest,
 )
 
-#: vectors/README.md: categories → error classes (the codec's own table).
-CATEGORY_ERRORS: dict[str, type[CheckpointError]] = ERROR_OF_CATEGORY
-
 BINARY_KINDS = ("adam", "float32_state")
 
 #: Invalid files that are well-formed in themselves: only the destination the reader is given
@@ -221,7 +218,7 @@ def _read_invalid(source: Any, vector: dict[str, Any]) -> Any:
 def test_invalid_binary_vector_raises_its_category(
     vector: dict[str, Any], vector_path: Path
 ) -> None:
-    expected = CATEGORY_ERRORS[vector["category"]]
+    expected = ERROR_OF_CATEGORY[vector["category"]]
     size = vector_path.stat().st_size
     with pytest.raises(CheckpointError) as by_path:
         _read_invalid(vector_path, vector)
@@ -249,7 +246,7 @@ def test_inspect_invalid_binary_vector(vector: dict[str, Any], vector_path: Path
         inspect(vector_path)
     category = vector["category"]
     if category in ("version", "truncated", "trailing"):
-        assert type(info.value) is CATEGORY_ERRORS[category], repr(info.value)
+        assert type(info.value) is ERROR_OF_CATEGORY[category], repr(info.value)
     elif category == "family":
         # A foreign magic; if it is another family's, that family's version rule applies.
         assert type(info.value) in (UnsupportedFormatError, UnsupportedVersionError)

@@ -17,34 +17,11 @@ from typing import Any
 import pytest
 import torch
 
+from tlckpt.testing.models import default_dtype
+
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-
-#: The checks each world size runs, in order (see ``sharded_worker.py``).
-CHECKS = {
-    2: [
-        "sharded_run",
-        "resume_same_world",
-        "single_process_file_into_shards",
-        "corrupted_files",
-        "rank_local_failures",
-        "save_failures",
-        "exact_bits_dtypes",
-        "hsdp_meshes",
-        "memory",
-    ],
-    3: [
-        "sharded_run",
-        "resume_same_world",
-        "single_process_file_into_shards",
-        "other_world_into_shards",
-        "corrupted_files",
-        "rank_local_failures",
-        "save_failures",
-        "distribute_tensor_float64",
-    ],
-}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,13 +32,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _single_process_run(folder: Path) -> None:
     """World size 1: the reference run and its files, in this process."""
-    from sharded_support import K, N, TiedNet, make_adam, snapshot, train
+    from sharded_support import K, N, snapshot
 
     from tlckpt.runtime import save_module_state, save_optimizer, save_state_bits
+    from tlckpt.testing.models import TiedNet, make_adam, train
 
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
+    with default_dtype(torch.float32):
         folder.mkdir()
         torch.manual_seed(0)
         model = TiedNet()
@@ -73,23 +49,21 @@ def _single_process_run(folder: Path) -> None:
         torch.save(snapshot(model, opt), folder / "saved.pt")
         train(model, opt, K, N)
         torch.save(snapshot(model, opt), folder / "continued.pt")
-    finally:
-        torch.set_default_dtype(before)
 
 
 @pytest.fixture(scope="session")
 def groups(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run world size 1 here, then the 2- and 3-rank groups; their reports and timings."""
-    from sharded_support import launch
+    from sharded_support import CHECKS_OF_WORLD, launch
 
     workdir = tmp_path_factory.mktemp("sharded")
     start = time.perf_counter()
     _single_process_run(workdir / "w1")
     out: dict[str, Any] = {"workdir": workdir, "seconds": {1: time.perf_counter() - start}}
     for world in (2, 3):
-        results, elapsed, output = launch(world, workdir, CHECKS[world])
+        results, elapsed, output = launch(world, workdir, CHECKS_OF_WORLD[world])
         if not any(results):  # nothing ran at all (say, the free port was taken): once more
-            results, elapsed, output = launch(world, workdir, CHECKS[world])
+            results, elapsed, output = launch(world, workdir, CHECKS_OF_WORLD[world])
         out[world] = results
         out["seconds"][world] = elapsed
         out[f"output{world}"] = output

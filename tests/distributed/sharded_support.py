@@ -1,6 +1,6 @@
 """Helpers shared by the sharded-checkpoint tests, their worker processes and the memory script.
 
-The model is the runtime tests' ``TiedNet`` (tied embedding/output weights, a frozen layer,
+The model is :class:`tlckpt.testing.models.TiedNet` (tied embedding/output weights, a frozen layer,
 BatchNorm buffers), sharded with FSDP2 ``fully_shard``: ``mix`` in a group of its own, the
 rest (the tied pair and the frozen layer included) in the root's. Its dims (7 and 4 rows)
 shard unevenly over 2 and 3 ranks, and some ranks hold empty shards.
@@ -22,18 +22,43 @@ from typing import Any
 import orjson
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "runtime"))
+from tlckpt.testing.bitwise import same
+from tlckpt.testing.models import TiedNet, make_adam
 
-from runtime_support import TiedNet, make_adam, same, train  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
+#: The checks each world size runs, in order (see ``sharded_worker.py``).
+CHECKS_OF_WORLD = {
+    2: [
+        "sharded_run",
+        "resume_same_world",
+        "single_process_file_into_shards",
+        "corrupted_files",
+        "rank_local_failures",
+        "save_failures",
+        "own_family_groups",
+        "exact_bits_dtypes",
+        "hsdp_meshes",
+        "checkpoint_sets",
+        "memory",
+    ],
+    3: [
+        "sharded_run",
+        "resume_same_world",
+        "single_process_file_into_shards",
+        "other_world_into_shards",
+        "corrupted_files",
+        "rank_local_failures",
+        "save_failures",
+        "own_family_groups",
+        "distribute_tensor_float64",
+    ],
+}
 
 __all__ = [
+    "CHECKS_OF_WORLD",
     "K",
     "N",
-    "TiedNet",
-    "make_adam",
-    "train",
-    "same",
     "full",
     "snapshot",
     "differences",

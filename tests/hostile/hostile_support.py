@@ -58,11 +58,16 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_campaign(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """``python -m fuzz.<...> args`` from the repository root; fails the test on timeout."""
+def run_python(
+    args: list[str], timeout: float, what: str | None = None
+) -> subprocess.CompletedProcess:
+    """``python args`` in a child process from the repository root (:func:`child_env`), its
+    output captured as text; a child still running after ``timeout`` seconds is killed and
+    fails the test (naming ``what`` it was, by default its command line), whatever its
+    exit status would have been."""
     try:
         return subprocess.run(
-            [sys.executable, "-m", *args],
+            [sys.executable, *args],
             cwd=REPO,
             env=child_env(),
             capture_output=True,
@@ -71,8 +76,23 @@ def run_campaign(args: list[str], timeout: float) -> subprocess.CompletedProcess
             check=False,
         )
     except subprocess.TimeoutExpired as exc:  # a hang is a failure, with what it printed
-        out = (exc.stdout or b"")[-4000:] if isinstance(exc.stdout, bytes) else exc.stdout
-        pytest.fail(f"{' '.join(args)} did not finish in {timeout} s; output: {out}")
+        out = exc.stdout[-4000:] if isinstance(exc.stdout, bytes) else exc.stdout
+        pytest.fail(f"{what or ' '.join(args)} did not finish in {timeout} s; output: {out}")
+
+
+def run_campaign(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``python -m fuzz.<...> args`` from the repository root; fails the test on timeout."""
+    return run_python(["-m", *args], timeout)
+
+
+def campaign_report(args: list[str], timeout: float) -> tuple[dict, subprocess.CompletedProcess]:
+    """:func:`run_campaign`, then the JSON report it printed; fails the test (with the
+    campaign's output) when it printed none."""
+    proc = run_campaign(args, timeout)
+    report = last_json(proc.stdout)
+    if not report:
+        pytest.fail(proc.stdout + proc.stderr[-3000:])
+    return report, proc
 
 
 def last_json(text: str) -> dict:

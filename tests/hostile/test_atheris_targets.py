@@ -1,27 +1,25 @@
 """Short CI runs of the atheris targets (``python -m fuzz.atheris_run --runs N``).
 
-Each target (Adam, TLSF32B, exact-bits JSON, ``inspect``) runs a fixed number of libFuzzer
-executions from the seed corpus (the vectors and small generated files) in a fresh output
-folder. A crash, timeout or out-of-memory artifact fails the test. The full campaign:
+Each target (Adam, TLSF32B, exact-bits JSON, ``TLCKOPT``, ``inspect``) runs a fixed number
+of libFuzzer executions from the seed corpus (the vectors and small generated files) in a
+fresh output folder. A crash, timeout or out-of-memory artifact fails the test. The full campaign:
 ``python -m fuzz.atheris_run --minutes N``.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import REPO, fuzz_module, run_campaign
+from hostile_support import fuzz_module, run_campaign, run_python
 
 pytest.importorskip("atheris", reason="atheris is pinned in requirements-dev.txt")
 
 RUNS = 2500
 
 
-@pytest.mark.parametrize("target", ["adam", "tlsf32", "json", "inspect"])
+@pytest.mark.parametrize("target", ["adam", "tlsf32", "json", "tlckopt", "inspect"])
 def test_atheris_target_runs_clean(target: str, tmp_path: Path) -> None:
     proc = run_campaign(
         ["fuzz.atheris_run", "--target", target, "--runs", str(RUNS), "--out", str(tmp_path)],
@@ -48,10 +46,19 @@ def test_the_runner_imports_the_library_only_under_instrumentation() -> None:
         "import sys, fuzz.atheris_run, fuzz.atheris_targets\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tlckpt', 'construct')))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
+    proc = run_python(["-c", code], 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_every_registered_family_has_a_target_and_seeds() -> None:
+    from tlckpt.codec.families import families
+
+    targets = fuzz_module("atheris_targets")
+    assert set(targets.KIND) == set(targets.TARGETS)
+    for family in families():
+        (target,) = [t for t, kind in targets.KIND.items() if kind == family.name]
+        assert targets.target_seeds(target), family.name
 
 
 def test_seed_corpus_covers_every_vector(vectors_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_support import fuzz_module, last_json, run_campaign
+from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
 from tlckpt.codec import (
@@ -34,8 +34,7 @@ from tlckpt.codec import (
 from tlckpt.codec import state_bits as state_bits_module
 from tlckpt.runtime import float32_files
 
-li = fuzz_module("load_interrupts")
-MODES = ("staged", "in-place", "json")
+lm = fuzz_module("live_model")
 
 
 class _Model(torch.nn.Module):
@@ -48,45 +47,19 @@ class _Model(torch.nn.Module):
         self.register_buffer("count", torch.tensor(0))
 
 
-class _Setup:
+_SEEDS = {"old": 1, "A": 2, "B": 3}
+
+
+class _Setup(lm.LiveModel):
     """A model at OLD values and a file at version A (B: the same size, other values)."""
 
     def __init__(self, tmp_path: Path, mode: str):
-        self.mode = mode
-        self.model = _Model()
-        self.live = list(self.model.state_dict().values())
-        self.values = {name: li.values_of(self.model, seed) for name, seed in _SEEDS.items()}
         suffix = "json" if mode == "json" else "tlsf32"
-        self.path = tmp_path / f"m.{suffix}"
-        self.images = {}
-        for name in ("A", "B"):
-            self.set(name)
-            target = tmp_path / f"{name}.{suffix}"
-            if mode == "json":
-                tlckpt.save_state_bits(self.model, target)
-            else:
-                tlckpt.save_module_state(self.model, target)
-            self.images[name] = target.read_bytes()
+        super().__init__(mode, tmp_path / f"m.{suffix}", _SEEDS, _Model())
+        self.images = {name: self.save(name, tmp_path / f"{name}.{suffix}") for name in "AB"}
         assert len(self.images["A"]) == len(self.images["B"])
         self.path.write_bytes(self.images["A"])
         self.set("old")
-
-    def set(self, name: str) -> None:
-        with torch.no_grad():
-            for t, v in zip(self.live, self.values[name]):
-                t.copy_(v)
-
-    def state(self) -> str:
-        for name, values in self.values.items():
-            if all(torch.equal(t, v) for t, v in zip(self.live, values)):
-                return name
-        return "mix"
-
-    def load(self) -> None:
-        if self.mode == "json":
-            tlckpt.load_state_bits(self.model, self.path)
-        else:
-            tlckpt.load_module_state(self.model, self.path, staged=self.mode == "staged")
 
     def change(self, how: str) -> None:
         """What the other process does to the file, in place."""
@@ -99,9 +72,6 @@ class _Setup:
             replacement = self.path.with_suffix(".new")
             replacement.write_bytes(self.images["B"])
             os.replace(replacement, self.path)
-
-
-_SEEDS = {"old": 1, "A": 2, "B": 3}
 
 
 def _hook_payload_pass(
@@ -140,7 +110,7 @@ def _hook_payload_pass(
 
 
 @pytest.mark.parametrize("how", ["truncate", "rewrite"])
-@pytest.mark.parametrize("mode", ["staged", "in-place"])
+@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place"])
 def test_change_after_the_checking_pass_is_refused_cleanly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str
 ) -> None:
@@ -155,31 +125,31 @@ def test_change_after_the_checking_pass_is_refused_cleanly(
     monkeypatch.setattr(float32_files, "validate_float32_state", validate_then_change)
     with pytest.raises(FileChangedError, match="changed while it was being read"):
         setup.load()
-    assert setup.state() == "old"
+    assert setup.holds() == "old"
 
 
 @pytest.mark.parametrize("how", ["truncate", "rewrite"])
 def test_change_during_a_staged_load_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    setup = _Setup(tmp_path, "staged")
+    setup = _Setup(tmp_path, "tlsf32-staged")
     _hook_payload_pass(monkeypatch, 3, lambda: setup.change(how))
     expected = TruncatedError if how == "truncate" else FileChangedError
     with pytest.raises(expected):
         setup.load()
-    assert setup.state() == "old"
+    assert setup.holds() == "old"
 
 
 @pytest.mark.parametrize("how", ["truncate", "rewrite"])
 def test_change_during_an_in_place_load_says_the_model_is_partial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    setup = _Setup(tmp_path, "in-place")
+    setup = _Setup(tmp_path, "tlsf32-in-place")
     _hook_payload_pass(monkeypatch, 3, lambda: setup.change(how))
     with pytest.raises(PartialLoadError) as info:
         setup.load()
     error = info.value
-    assert setup.state() == "mix"  # what the error reports: a partial update
+    assert setup.holds() == "mix"  # what the error reports: a partial update
     assert 4 <= error.written <= error.total == 9
     assert f"partially updated: {error.written} of 9 tensors" in str(error)
     assert str(setup.path) in str(error)
@@ -188,30 +158,30 @@ def test_change_during_an_in_place_load_says_the_model_is_partial(
 
 
 @pytest.mark.parametrize("how", ["truncate", "rewrite", "rename"])
-@pytest.mark.parametrize("mode", ["staged", "in-place"])
+@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place"])
 def test_change_after_the_last_byte_loads_the_version_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str
 ) -> None:
     setup = _Setup(tmp_path, mode)
     _hook_payload_pass(monkeypatch, None, lambda: setup.change(how))
     setup.load()
-    assert setup.state() == "A"
+    assert setup.holds() == "A"
 
 
-@pytest.mark.parametrize("mode", ["staged", "in-place"])
+@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place"])
 def test_rename_over_the_path_mid_load_is_not_a_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     setup = _Setup(tmp_path, mode)
     _hook_payload_pass(monkeypatch, 3, lambda: setup.change("rename"))
     setup.load()
-    assert setup.state() == "A"  # the open file's contents, complete
+    assert setup.holds() == "A"  # the open file's contents, complete
 
 
 def test_read_errors_during_an_in_place_load_become_partial_load_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    setup = _Setup(tmp_path, "in-place")
+    setup = _Setup(tmp_path, "tlsf32-in-place")
 
     def fail() -> None:
         raise OSError(5, "Input/output error")
@@ -225,7 +195,7 @@ def test_read_errors_during_an_in_place_load_become_partial_load_errors(
     _hook_payload_pass(monkeypatch, 2, fail)
     with pytest.raises(OSError):  # staged: the OSError itself, nothing live touched
         tlckpt.load_module_state(setup.model, setup.path)
-    assert setup.state() == "old"
+    assert setup.holds() == "old"
 
 
 # ------------------------------------------------------------------------------ JSON
@@ -247,7 +217,7 @@ def test_change_while_json_is_read_changes_nothing(
     monkeypatch.setattr(state_bits_module, "read_document", change_then_parse)
     with pytest.raises(FileChangedError):
         setup.load()
-    assert setup.state() == "old"
+    assert setup.holds() == "old"
 
 
 def test_json_rename_over_the_path_mid_load_is_not_a_change(
@@ -263,24 +233,22 @@ def test_json_rename_over_the_path_mid_load_is_not_a_change(
 
     monkeypatch.setattr(state_bits_module, "read_document", rename_then_parse)
     setup.load()
-    assert setup.state() == "A"
+    assert setup.holds() == "A"
 
 
 def test_json_staged_false_is_the_same_staged_load(tmp_path: Path) -> None:
     setup = _Setup(tmp_path, "json")
     tlckpt.load_state_bits(setup.model, setup.path, staged=False)
-    assert setup.state() == "A"
+    assert setup.holds() == "A"
 
 
 # ------------------------------------------------------------------------------ real races
 
 
 def test_loads_racing_a_second_process_never_mix(tmp_path: Path) -> None:
-    proc = run_campaign(
+    report, proc = campaign_report(
         ["fuzz.load_races", "--loads", "240", "--quiet", "--dir", str(tmp_path)], timeout=240
     )
-    report = last_json(proc.stdout)
-    assert report, proc.stdout + proc.stderr[-3000:]
     assert report["failures"] == [], report
     assert report["silent_mixes"] == 0
     assert report["loads"] == 240

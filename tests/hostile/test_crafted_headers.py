@@ -12,12 +12,9 @@ a reported hang rather than a stuck test.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-from hostile_support import REPO, child_env, run_campaign
+from hostile_support import run_campaign, run_python
 
 
 def test_crafted_hostile_headers_stay_in_bounds(tmp_path: Path) -> None:
@@ -73,16 +70,5 @@ def test_inspect_describes_a_valid_file_with_130k_dims_fast() -> None:
 
 
 def _run_bounded(code: str, timeout: float) -> str:
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=REPO,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"inspect did not finish within {timeout} s (bound: 1 s)")
+    proc = run_python(["-c", code], timeout, what="inspect (bound: 1 s)")
     return proc.stdout + proc.stderr[-2000:]

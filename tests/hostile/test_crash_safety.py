@@ -16,19 +16,17 @@ import glob
 import os
 from pathlib import Path
 
-from hostile_support import fuzz_module, last_json, run_campaign
+from hostile_support import campaign_report, fuzz_module
 
 from tlckpt.cli.convert import format_of_path
 from tlckpt.codec import is_temporary
 
 
 def test_sigkill_during_saves_never_damages_a_destination(tmp_path: Path) -> None:
-    proc = run_campaign(
+    report, proc = campaign_report(
         ["fuzz.crash_kill", "--trials", "6", "--size-mb", "8", "--quiet", "--dir", str(tmp_path)],
         timeout=240,
     )
-    report = last_json(proc.stdout)
-    assert report, proc.stdout + proc.stderr[-3000:]
     assert report["damaged"] == [], report
     assert report["strays"] == [], report
     assert report["uncleaned"] == [], report
@@ -38,12 +36,10 @@ def test_sigkill_during_saves_never_damages_a_destination(tmp_path: Path) -> Non
 
 
 def test_two_processes_saving_to_one_path(tmp_path: Path) -> None:
-    proc = run_campaign(
+    report, proc = campaign_report(
         ["fuzz.concurrent_save", "--rounds", "50", "--size-mb", "1", "--dir", str(tmp_path)],
         timeout=180,
     )
-    report = last_json(proc.stdout)
-    assert report, proc.stdout + proc.stderr[-3000:]
     assert report["failures"] == [], report
     assert sum(report["winner_counts"].values()) == 50
     assert report["incomplete_reads"] == 0

@@ -30,9 +30,7 @@ from hostile_support import child_env
 import tlckpt
 from tlckpt.cli.main import main as cli_main
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
-    AdamKind,
     ParameterSchema,
     atomic,
     atomic_output,
@@ -42,6 +40,7 @@ from tlckpt.codec import (
     write_float32_state,
     write_state_bits,
 )
+from tlckpt.testing.adam import adamw_config
 
 # ------------------------------------------------------------------------------ writers
 
@@ -71,7 +70,7 @@ def _atomic(path: Path) -> None:
 
 
 SCHEMA = ParameterSchema([(2,)], [True])
-CONFIG = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+CONFIG = adamw_config()
 
 WRITERS: dict[str, Callable[[Path], None]] = {
     "write_float32_state": lambda p: write_float32_state(p, [np.ones(3, np.float32)]),

@@ -39,13 +39,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hostile_support import REPO, child_env
+from hostile_support import run_python
 
 from tlckpt import codec
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
-    AdamKind,
     ParameterSchema,
     is_temporary,
     read_float32_state,
@@ -53,6 +51,7 @@ from tlckpt.codec import (
     write_float32_state,
     write_state_bits,
 )
+from tlckpt.testing.adam import adamw_config
 
 ERRNOS = (errno.ENOSPC, errno.EIO, errno.EACCES)
 FAULTS = ("write", "flush", "fsync", "replace", "dir_fsync", "create")
@@ -67,7 +66,7 @@ def _arrays(value: float) -> list[np.ndarray]:
 
 def _adam(path: Any, value: float) -> None:
     schema = ParameterSchema([(600_000,), (600_000,)], [True, True], [0, 0])
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+    config = adamw_config()
     m = np.full(600_000, value, np.float32)
     write_adam(path, schema, config, {0: AdamEntry(3, m, m + 1)})
 
@@ -369,15 +368,7 @@ def _read_only_folder_run() -> str:
         write_float32_state(folder / "ckpt.tlsf32", [np.zeros(10, np.float32)])
         (folder / "ckpt.tlsf32").chmod(0o644)
         folder.chmod(0o555)
-        proc = subprocess.run(
-            [sys.executable, "-c", _UNPRIVILEGED, str(folder), str(ids[0]), str(ids[1])],
-            cwd=REPO,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = run_python(["-c", _UNPRIVILEGED, str(folder), str(ids[0]), str(ids[1])], 120)
         if proc.returncode and "Permission denied" in proc.stderr and "import" in proc.stderr:
             pytest.skip(f"the unprivileged user cannot import the library: {proc.stderr[-300:]}")
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,6 +23,7 @@ from tlckpt.codec import (
     read_float32_state,
     scan_adam,
     scan_float32_state,
+    scan_optimizer_state,
     validate_float32_state,
 )
 
@@ -49,6 +50,19 @@ def _expected(seed: Any) -> tuple[dict[str, int], list[tuple[int, bytes]]]:
         # Payload offsets are not exposed by the Adam reader: locate each moment's bytes
         # instead, in file order (m then v of each entry, entries in file order).
         moments = [m for e in ckpt.entries.values() for m in (e.m, e.v)]
+        return counts, [(-1, np.ascontiguousarray(m).tobytes()) for m in moments]
+    if seed.kind == "tlckpt_optimizer":
+        scanned = scan_optimizer_state(io.BytesIO(data))
+        (_, read), _ = seeds_mod.readers(seed)
+        ckpt = read(io.BytesIO(data))
+        counts = {
+            "groups": len(scanned.groups),
+            "schema.slots": len(scanned.schema),
+            "entries": len(ckpt.entries),
+        }
+        moments = [
+            m for e in ckpt.entries.values() for m in (e.m, e.v, e.max_exp_avg_sq) if m is not None
+        ]
         return counts, [(-1, np.ascontiguousarray(m).tobytes()) for m in moments]
     shapes = scan_float32_state(io.BytesIO(data))
     layout = validate_float32_state(io.BytesIO(data), shapes)

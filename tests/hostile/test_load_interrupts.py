@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_support import fuzz_module, last_json, run_campaign
+from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
 from tlckpt.codec import transfer
 from tlckpt.runtime import bits_files, float32_files, plans
 
-li = fuzz_module("load_interrupts")
+lm = fuzz_module("live_model")
 rh = fuzz_module("runtime_hostile")
 
 TRIGGERS: dict[str, Callable[[], None]] = {
@@ -41,40 +41,13 @@ def _python_sigint_handler() -> Iterator[None]:
     signal.signal(signal.SIGINT, before)
 
 
-class _Setup:
+def _setup(tmp_path: Path, mode: str) -> Any:
     """A 48-tensor model (Linear, BatchNorm, an int64 buffer) at OLD values; its file holds
     NEW ones (2,000 small tensors for JSON)."""
-
-    def __init__(self, tmp_path: Path, mode: str):
-        self.mode = mode
-        self.model = li.model_for("json" if mode == "json" else "tlsf32")
-        self.live = list(self.model.state_dict().values())
-        self.old, self.new = li.values_of(self.model, 1), li.values_of(self.model, 2)
-        self.set(self.new)
-        self.path = tmp_path / "m"
-        if mode == "json":
-            tlckpt.save_state_bits(self.model, self.path)
-        else:
-            tlckpt.save_module_state(self.model, self.path)
-        self.set(self.old)
-
-    def set(self, values: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for t, v in zip(self.live, values):
-                t.copy_(v)
-
-    def state(self) -> str:
-        if all(torch.equal(t, v) for t, v in zip(self.live, self.old)):
-            return "old"
-        if all(torch.equal(t, v) for t, v in zip(self.live, self.new)):
-            return "new"
-        return "mix"
-
-    def load(self) -> None:
-        if self.mode == "json":
-            tlckpt.load_state_bits(self.model, self.path)
-        else:
-            tlckpt.load_module_state(self.model, self.path, staged=self.mode == "staged")
+    setup = lm.LiveModel(mode, tmp_path / "m", {"old": 1, "new": 2})
+    setup.save("new")
+    setup.set("old")
+    return setup
 
 
 def _signalling(pairs: Any, trigger: Callable[[], None]) -> Iterator[Any]:
@@ -88,7 +61,7 @@ def _signalling(pairs: Any, trigger: Callable[[], None]) -> Iterator[Any]:
 def _signal_inside_the_commit(
     monkeypatch: pytest.MonkeyPatch, mode: str, trigger: Callable[[], None]
 ) -> None:
-    if mode == "in-place":  # the commit is the copying pass: signal after its third tensor
+    if mode == "tlsf32-in-place":  # the commit is the copying pass: signal after its third tensor
         real = float32_files.read_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)  # a read per payload (and header)
 
@@ -104,7 +77,7 @@ def _signal_inside_the_commit(
 
         monkeypatch.setattr(float32_files, "read_extents", hooked)
         return
-    if mode == "staged":  # the commit copies the staged bytes over the live tensors'
+    if mode == "tlsf32-staged":  # the commit copies the staged bytes over the live tensors'
         real_copy = float32_files.copy_extents
 
         def signal_then_copy(*args: Any) -> None:
@@ -118,23 +91,23 @@ def _signal_inside_the_commit(
 
 
 @pytest.mark.parametrize("trigger", sorted(TRIGGERS))
-@pytest.mark.parametrize("mode", ["staged", "in-place", "json"])
+@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place", "json"])
 def test_interrupt_inside_the_commit_is_raised_after_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, trigger: str
 ) -> None:
-    setup = _Setup(tmp_path, mode)
+    setup = _setup(tmp_path, mode)
     _signal_inside_the_commit(monkeypatch, mode, TRIGGERS[trigger])
     with pytest.raises(KeyboardInterrupt):
         setup.load()
-    assert setup.state() == "new"
+    assert setup.holds() == "new"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.mark.parametrize("mode", ["staged", "in-place", "json"])
+@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place", "json"])
 def test_interrupt_before_the_commit_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    setup = _Setup(tmp_path, mode)
+    setup = _setup(tmp_path, mode)
     if mode == "json":
         real_read = bits_files.read_state_bits
 
@@ -144,7 +117,7 @@ def test_interrupt_before_the_commit_changes_nothing(
             return arrays
 
         monkeypatch.setattr(bits_files, "read_state_bits", read_then_signal)
-    elif mode == "staged":  # in the payload pass, after its third payload
+    elif mode == "tlsf32-staged":  # in the payload pass, after its third payload
         real_read = float32_files.read_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
@@ -170,7 +143,7 @@ def test_interrupt_before_the_commit_changes_nothing(
         monkeypatch.setattr(sink, "done", done)
     with pytest.raises(KeyboardInterrupt):
         setup.load()
-    assert setup.state() == "old"
+    assert setup.holds() == "old"
 
 
 # ------------------------------------------------------------------------------ optimizer
@@ -222,12 +195,10 @@ def test_sharded_commit_holds_interrupts_back() -> None:
 
 
 def test_sigint_at_random_moments_never_leaves_a_mix(tmp_path: Path) -> None:
-    proc = run_campaign(
+    report, proc = campaign_report(
         ["fuzz.load_interrupts", "--trials", "240", "--quiet", "--dir", str(tmp_path)],
         timeout=240,
     )
-    report = last_json(proc.stdout)
-    assert report, proc.stdout + proc.stderr[-3000:]
     assert report["failures"] == [], report
     assert report["mixes"] == 0
     assert report["trials"] == 240

@@ -2,22 +2,22 @@
 
 ``audit_loads.py`` runs in a fresh interpreter: it calls every TorchLean load path (codec
 readers, ``inspect``, runtime loaders, the command line's ``inspect``/``validate``, the
-converter's TLSF32B/JSON/safetensors readers) on valid files, every invalid vector and
-mutated files, once to warm up and once under ``sys.addaudithook`` with tripwires on
-``pickle``/``_pickle``/``marshal`` loaders and ``torch.load``. A canary (one ``compile``, one
-``pickle.loads``) proves the hook and tripwires are live. The ``.pt`` converter is the one
-torch deserialisation; it must call ``torch.load`` with ``weights_only=True``.
+converter's TLSF32B/JSON/safetensors readers) and every checkpoint-set path (``restore``,
+``load_checkpoint``, ``verify_checkpoint``, ``tlckpt ls``/``verify``) on valid files, every
+invalid vector and mutated files, once to warm up and once under ``sys.addaudithook`` with
+tripwires on ``pickle``/``_pickle``/``marshal`` loaders and ``torch.load``. A canary (one
+``compile``, one ``pickle.loads``) proves the hook and tripwires are live. The ``.pt``
+converter is the one torch deserialisation; it must call ``torch.load`` with
+``weights_only=True``.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import REPO, child_env
+from hostile_support import REPO, run_python
 
 SCRIPT = Path(__file__).with_name("audit_loads.py")
 
@@ -25,15 +25,7 @@ SCRIPT = Path(__file__).with_name("audit_loads.py")
 @pytest.fixture(scope="module")
 def audit(vectors_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("audit")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(vectors_path), str(work)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = run_python([str(SCRIPT), str(vectors_path), str(work)], 300)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("AUDIT-RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(line.removeprefix("AUDIT-RESULT "))

@@ -10,6 +10,7 @@ are the rejections that come last, when a half-done install would show.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,19 +19,26 @@ import torch
 from hostile_support import fuzz_module
 
 import tlckpt
-from tlckpt.codec import AdamEntry, CheckpointError, write_adam, write_float32_state
-from tlckpt.runtime.adam_binding import bind_adam
+from tlckpt.codec import (
+    AdamEntry,
+    CheckpointError,
+    OptimizerEntry,
+    write_adam,
+    write_float32_state,
+    write_optimizer_state,
+)
+from tlckpt.runtime.adam_binding import bind_adam, bind_optimizer
+from tlckpt.runtime.tensors import to_host
+from tlckpt.testing.models import default_dtype
 
 rh = fuzz_module("runtime_hostile")
 VARIANTS = {v.name: v for v in rh.variants("cpu")}
 
 
 @pytest.fixture(autouse=True)
-def _float32_default_dtype():
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(before)
+def _float32_default_dtype() -> Iterator[None]:
+    with default_dtype(torch.float32):
+        yield
 
 
 # ------------------------------------------------------------------------------ the checker
@@ -110,6 +118,32 @@ def _optimizer_file(opt, model, path: Path, *, step: int | None = None, counter=
     write_adam(path, binding.slots.schema, binding.config, entries, counter)
 
 
+def _own_file(opt, model, path: Path, *, step: int | None = None, groups=None) -> None:
+    """The optimizer's state as a ``TLCKOPT`` file, with one step or the groups replaced."""
+    binding = bind_optimizer(opt, model)
+    entries = {}
+    for i in binding.slots.schema.representative_slots:
+        s = opt.state.get(binding.slots.tensors[i])
+        if not s:
+            continue
+        moments = [
+            to_host(s[key].detach().reshape(-1)).copy()
+            for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+            if key in s
+        ]
+        entries[i] = OptimizerEntry(
+            int(s["step"].item()) if step is None else step, binding.dtypes[i], *moments
+        )
+    write_optimizer_state(
+        path,
+        binding.slots.schema,
+        binding.group_configs if groups is None else groups,
+        binding.group_index,
+        entries,
+        7,
+    )
+
+
 def _assert_untouched(model, opt, load) -> None:
     before = rh.snapshot(model, opt)
     with pytest.raises(CheckpointError):
@@ -172,3 +206,29 @@ def test_state_bits_whose_last_tensor_does_not_fit_change_nothing(tmp_path: Path
     path = tmp_path / "m.json"
     tlckpt.write_state_bits(path, arrays, "float32")
     _assert_untouched(model, opt, lambda: tlckpt.load_state_bits(model, path))
+
+
+def test_own_family_step_the_step_tensor_cannot_hold_changes_nothing(tmp_path: Path) -> None:
+    model, opt = _trained("adamw-groups-amsgrad")
+    path = tmp_path / "o.tlckopt"
+    _own_file(opt, model, path, step=2**60 + 1)
+    load = lambda: tlckpt.load_optimizer(opt, model, path, restore_random_counter=True)  # noqa: E731
+    _assert_untouched(model, opt, load)
+
+
+def test_own_family_groups_that_differ_change_nothing(tmp_path: Path) -> None:
+    """One bit of one group's weight decay: refused; only the learning rate: loaded."""
+    import dataclasses
+
+    model, opt = _trained("adamw-bf16-idle")
+    groups = bind_optimizer(opt, model).group_configs
+    path = tmp_path / "o.tlckopt"
+    wd = float(np.nextafter(groups[0].weight_decay, 1.0))
+    _own_file(opt, model, path, groups=[dataclasses.replace(groups[0], weight_decay=wd)])
+    load = lambda: tlckpt.load_optimizer(opt, model, path, restore_random_counter=True)  # noqa: E731
+    _assert_untouched(model, opt, load)
+    _own_file(opt, model, path, groups=[dataclasses.replace(groups[0], lr=0.5)])
+    before = rh.snapshot(model, opt)
+    load()
+    assert opt.param_groups[0]["lr"] == 1e-2  # the live learning rate stays
+    assert not rh.differences(rh.values_only(before), rh.values_only(rh.snapshot(model, opt)))

@@ -24,7 +24,12 @@ from hostile_support import REPO, fuzz_module
 
 from tlckpt.codec.walker import Visitor, VisitorProtocol
 
-HOOKS = ("on_field", "payload_buffer", "payload_done", "record_template")
+#: The hooks: every method the Protocol declares.
+HOOKS = tuple(
+    name
+    for name, member in vars(VisitorProtocol).items()
+    if callable(member) and not name.startswith("_")
+)
 #: Source folders → the package their modules are imported as (``None``: ``fuzz``).
 FOLDERS = {
     "codec": "tlckpt.codec",
@@ -84,6 +89,25 @@ def _import(where: str) -> Any:
 
 
 VISITORS = _visitor_sources()
+
+
+def test_the_walker_calls_only_the_protocols_hooks() -> None:
+    """Every ``visitor.X`` / ``self.visitor.X`` in the walker is a hook of the Protocol, and
+    the default ``Visitor`` has no public method the Protocol lacks."""
+    tree = ast.parse((REPO / "codec" / "walker.py").read_text())
+    called = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id == "visitor") or (
+            isinstance(owner, ast.Attribute) and owner.attr == "visitor"
+        ):
+            called.add(node.attr)
+    assert {"on_field", "payload_buffer", "payload_done"} <= called  # the scan sees calls
+    assert called <= set(HOOKS)
+    public = {n for n, m in vars(Visitor).items() if callable(m) and not n.startswith("_")}
+    assert public == set(HOOKS)
 
 
 def test_the_known_visitors_are_found() -> None:

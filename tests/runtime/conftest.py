@@ -6,10 +6,13 @@ pytest runs with ``--import-mode=importlib``, which does not put test folders on
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+
+from tlckpt.testing.models import default_dtype
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
@@ -17,9 +20,7 @@ if _HERE not in sys.path:
 
 
 @pytest.fixture(autouse=True)
-def _float32_default_dtype():
+def _float32_default_dtype() -> Iterator[None]:
     """Every runtime test starts with float32 as torch's default dtype; restored after."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(before)
+    with default_dtype(torch.float32):
+        yield

@@ -10,18 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from runtime_support import (
-    CUDA_IMPLS,
-    TiedNet,
-    make_adam,
-    module_unchanged,
-    optimizer_unchanged,
-    resume_run,
-    same,
-    snapshot_module,
-    snapshot_optimizer,
-    train,
-)
+from recipes import RECIPES, resume_recipe
+from runtime_support import resume_run
 
 from tlckpt.codec import CheckpointError, MomentDtype, read_adam
 from tlckpt.runtime import (
@@ -34,6 +24,14 @@ from tlckpt.runtime import (
     schema_of,
 )
 from tlckpt.runtime.tensors import HostBuffer
+from tlckpt.testing.bitwise import (
+    module_unchanged,
+    optimizer_unchanged,
+    same,
+    snapshot_module,
+    snapshot_optimizer,
+)
+from tlckpt.testing.models import CUDA_IMPLS, TiedNet, make_adam, train
 
 pytestmark = [
     pytest.mark.cuda,
@@ -90,6 +88,24 @@ def test_installed_state_has_the_optimizers_own_form(tmp_path, impl, step_device
         assert state["exp_avg"].device == p.device and state["exp_avg_sq"].is_cuda
         for key in state:
             assert same(state[key], opt.state[p][key]), key
+
+
+@pytest.mark.parametrize("impl", list(CUDA_IMPLS))
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipes_resume_on_cuda_in_tlckpts_family(name: str, impl: str, tmp_path: Path):
+    """Every recipe only tlckpt's own family holds (two groups, amsgrad, bfloat16/float16,
+    an unused pooler, maximize, ...) resumes bit for bit on the device in every flavour,
+    capturable included: moments on the parameter's device in its dtype, ``step`` where the
+    flavour keeps it."""
+    result = resume_recipe(RECIPES[name], impl, True, tmp_path, device="cuda")
+    assert (result["family"], result["version"]) == ("tlckpt_optimizer", 1)
+    options = CUDA_IMPLS[impl]
+    on_device = options.get("capturable", False) or options.get("fused", False)
+    for p, state in result["optimizer"].state.items():
+        assert state["step"].device.type == ("cuda" if on_device else "cpu")
+        for key, value in state.items():
+            if key != "step":
+                assert value.device == p.device and value.dtype == p.dtype, key
 
 
 def test_cpu_file_loads_onto_cuda_and_back(tmp_path: Path):

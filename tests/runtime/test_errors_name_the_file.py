@@ -2,7 +2,8 @@
 
 ``exc.path`` is the path as given (``str``), and the message starts with it — for rejections
 of the file and just as much for refusals of the caller's input raised before the file is
-opened (``save_optimizer``'s amsgrad/groups/dtype/no-step refusals, ``save_module_state``'s
+opened (``save_optimizer``'s refusals, with ``require_torchlean=True`` those of what
+TorchLean's versions cannot hold, ``save_module_state``'s
 dtype refusals, the codec writers' input checks) or after it was read (the random-counter
 refusal of ``load_optimizer``, tie conflicts, binding refusals).
 """
@@ -24,22 +25,29 @@ from tlckpt.codec import (
     AdamEntry,
     AdamKind,
     CheckpointError,
+    OptimizerEntry,
     ParameterSchema,
+    ParamGroupConfig,
     inspect,
     read_adam,
     read_float32_state,
+    read_optimizer_state,
     read_state_bits,
     scan_adam,
     scan_float32_state,
+    scan_optimizer_state,
     sniff_family,
     validate_float32_state,
     write_adam,
     write_float32_state,
+    write_optimizer_state,
     write_state_bits,
 )
+from tlckpt.testing.adam import adamw_config
 
 SCHEMA = ParameterSchema([(2,), (3,)], [True, True])
-CONFIG = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+CONFIG = adamw_config()
+GROUP = ParamGroupConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, 1e-3)
 
 
 def _entries(dtype: str = "<f4") -> dict[int, AdamEntry]:
@@ -77,14 +85,24 @@ def _save_optimizer_groups(path: Path) -> None:
     opt = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:], "eps": 1e-3}])
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    tlckpt.save_optimizer(opt, model, path)
+    tlckpt.save_optimizer(opt, model, path, require_torchlean=True)
 
 
 def _save_optimizer_partial(path: Path) -> None:
     model = _net()
     opt = _stepped(model)
     del opt.state[model[1].bias]
-    tlckpt.save_optimizer(opt, model, path)
+    tlckpt.save_optimizer(opt, model, path, require_torchlean=True)
+
+
+def _load_optimizer_other_groups(path: Path) -> None:
+    model = _net()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:], "eps": 1e-3}])
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    tlckpt.save_optimizer(opt, model, path)  # TLCKOPT
+    tlckpt.load_optimizer(_stepped(model), model, path)  # one group: refused
 
 
 def _save_optimizer_foreign_param(path: Path) -> None:
@@ -146,17 +164,20 @@ CASES: dict[str, Callable[[Path], Any]] = {
         _stepped(m := _net(), cls=torch.optim.SGD, lr=0.1), m, p
     ),
     "save_optimizer: amsgrad": lambda p: tlckpt.save_optimizer(
-        _stepped(m := _net(), amsgrad=True), m, p
+        _stepped(m := _net(), amsgrad=True), m, p, require_torchlean=True
     ),
     "save_optimizer: groups differ": _save_optimizer_groups,
     "save_optimizer: Adam with weight decay": lambda p: tlckpt.save_optimizer(
-        _stepped(m := _net(), cls=torch.optim.Adam, weight_decay=0.1), m, p
+        _stepped(m := _net(), cls=torch.optim.Adam, weight_decay=0.1), m, p, require_torchlean=True
     ),
     "save_optimizer: float16 moments": lambda p: tlckpt.save_optimizer(
-        torch.optim.AdamW((m := _net(torch.float16)).parameters()), m, p
+        torch.optim.AdamW((m := _net(torch.float16)).parameters()), m, p, require_torchlean=True
+    ),
+    "save_optimizer: complex moments": lambda p: tlckpt.save_optimizer(
+        torch.optim.AdamW(c := [torch.nn.Parameter(torch.ones(2, dtype=torch.complex64))]), c, p
     ),
     "save_optimizer: no step": lambda p: tlckpt.save_optimizer(
-        torch.optim.AdamW((m := _net()).parameters()), m, p
+        torch.optim.AdamW((m := _net()).parameters()), m, p, require_torchlean=True
     ),
     "save_optimizer: a slot without state": _save_optimizer_partial,
     "save_optimizer: a parameter not given": _save_optimizer_foreign_param,
@@ -167,6 +188,7 @@ CASES: dict[str, Callable[[Path], Any]] = {
     "load_optimizer: random counter": _load_optimizer_counter,
     "load_optimizer: amsgrad": _load_optimizer_amsgrad,
     "load_optimizer: other model": _load_optimizer_other_model,
+    "load_optimizer: other param groups": _load_optimizer_other_groups,
     # --- module state
     "save_module_state: float64": lambda p: tlckpt.save_module_state(_net(torch.float64), p),
     "save_module_state: int64 not exact": lambda p: tlckpt.save_module_state(
@@ -201,6 +223,15 @@ CASES: dict[str, Callable[[Path], Any]] = {
         p, SCHEMA, CONFIG, types.MappingProxyType(_entries("<f8"))
     ),
     "write_adam: version": lambda p: write_adam(p, SCHEMA, CONFIG, _entries(), version=9),
+    "write_optimizer_state: groups": lambda p: write_optimizer_state(
+        p, SCHEMA, [GROUP, "adamw"], [0, 1], {}
+    ),
+    "write_optimizer_state: slot groups": lambda p: write_optimizer_state(
+        p, SCHEMA, [GROUP], [0, 1], {}
+    ),
+    "write_optimizer_state: entry": lambda p: write_optimizer_state(
+        p, SCHEMA, [GROUP], [0, 0], {1: OptimizerEntry(1, "bfloat16", np.ones(3, "<f4"), None)}
+    ),
     "write_float32_state: dtype": lambda p: write_float32_state(p, [np.zeros(2, "<f8")]),
     "write_float32_state: count": lambda p: write_float32_state(
         p, iter([np.zeros(2, "<f4")]), count=2
@@ -212,6 +243,11 @@ CASES: dict[str, Callable[[Path], Any]] = {
     "read_state_bits: encoding argument": lambda p: read_state_bits(p, [(2,)], "float7"),
     "read_adam: file": lambda p: (p.write_bytes(b"TLADAMF"), read_adam(p, SCHEMA)),
     "scan_adam: file": lambda p: (p.write_bytes(b"TLSF32B\1"), scan_adam(p)),
+    "read_optimizer_state: file": lambda p: (
+        p.write_bytes(b"TLCKOPT" + bytes(9)),
+        read_optimizer_state(p, SCHEMA),
+    ),
+    "scan_optimizer_state: file": lambda p: (p.write_bytes(b"TLCKOPT"), scan_optimizer_state(p)),
     "read_float32_state: file": lambda p: (
         write_float32_state(p, [np.zeros(2, "<f4")]),
         read_float32_state(p, [(3,)]),

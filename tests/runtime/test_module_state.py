@@ -9,13 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    ERROR_OF_CATEGORY,
-    TiedNet,
-    module_unchanged,
-    same,
-    snapshot_module,
-)
 
 from tlckpt.codec import (
     CheckpointError,
@@ -25,7 +18,10 @@ from tlckpt.codec import (
     read_float32_state,
     write_float32_state,
 )
+from tlckpt.codec.errors import ERROR_OF_CATEGORY
 from tlckpt.runtime import load_module_state, save_module_state
+from tlckpt.testing.bitwise import module_unchanged, same, snapshot_module
+from tlckpt.testing.models import TiedNet
 
 
 @pytest.fixture(params=[True, False], ids=["staged", "in-place"])

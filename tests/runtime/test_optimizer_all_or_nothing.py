@@ -10,24 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from runtime_support import (
-    ERROR_OF_CATEGORY,
-    TiedNet,
-    header_config,
-    hex_bits,
-    make_adam,
+from runtime_support import header_config, hex_bits, optimizer_for, step_once, tensors_from_schema
+
+from tlckpt.codec import CheckpointError, MomentDtype, read_adam
+from tlckpt.codec.errors import ERROR_OF_CATEGORY
+from tlckpt.runtime import load_optimizer, save_optimizer, schema_of
+from tlckpt.testing.bitwise import (
     module_unchanged,
-    optimizer_for,
     optimizer_unchanged,
     snapshot_module,
     snapshot_optimizer,
-    step_once,
-    tensors_from_schema,
-    train,
 )
-
-from tlckpt.codec import CheckpointError, MomentDtype, read_adam
-from tlckpt.runtime import load_optimizer, save_optimizer, schema_of
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 
 def _destination_config(vector: dict, data: bytes) -> dict | None:

@@ -9,16 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    TiedNet,
-    hex_bits,
-    make_adam,
-    tensors_from_schema,
-    train,
-)
+from runtime_support import hex_bits, tensors_from_schema
 
 from tlckpt.codec import AdamKind, MomentDtype, read_adam
+from tlckpt.codec import inspect as tlckpt_inspect
 from tlckpt.runtime import load_optimizer, save_optimizer, schema_of
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 
 def _assert_file_matches_optimizer(path: Path, opt, model, dtype: torch.dtype) -> None:
@@ -156,3 +152,45 @@ def test_file_objects(tmp_path):
     assert stream.tell() == len(stream.getvalue())
     for p in opt.state:
         assert torch.equal(opt.state[p]["exp_avg_sq"], fresh.state[p]["exp_avg_sq"])
+
+
+@pytest.mark.vectors("adam")
+def test_groups_differing_only_in_lr_still_give_torchleans_bytes(vector, vectors_dir, tmp_path):
+    """The writer keeps TorchLean's version whenever the state fits it: two param groups
+    that differ only in the learning rate (which TorchLean's files do not hold) save back to
+    the vector's very bytes, even with ``require_torchlean=True``."""
+    if len(vector["schema"]["shapes"]) < 2:
+        pytest.skip("fewer than two parameters: no second group")
+    tensors, one_group, _ = _vector_optimizer(vector, "default")
+    unique = list({id(t): t for t in tensors}.values())
+    defaults = {k: v for k, v in one_group.param_groups[0].items() if k != "params"}
+    groups = [
+        {**defaults, "params": unique[:1], "lr": 0.5},
+        {**defaults, "params": unique[1:], "lr": 0.001},
+    ]
+    opt = type(one_group)(groups)
+    counter = vector["random_counter"]
+    source = vectors_dir / vector["file"]
+    load_optimizer(opt, tensors, source, restore_random_counter=counter is not None)
+    assert [g["lr"] for g in opt.param_groups] == [0.5, 0.001]  # the live ones stay
+    out = tmp_path / "again.tladam"
+    version = save_optimizer(opt, tensors, out, random_counter=counter, require_torchlean=True)
+    assert version == vector["version"]
+    assert out.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("counter", [None, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_single_group_states_pick_torchleans_versions(tmp_path, tied, dtype, counter):
+    """Single-group float32/float64 states are TorchLean's v2 to v5, as FORMAT.md selects:
+    the new family is never written for them."""
+    torch.manual_seed(0)
+    model = TiedNet(dtype, tied=tied)
+    opt = make_adam("adamw", model.parameters())
+    train(model, opt, 0, 2)
+    path = tmp_path / "o"
+    version = save_optimizer(opt, model, path, random_counter=counter)
+    want = 5 if dtype == torch.float64 else 4 if counter is not None else 3 if tied else 2
+    assert version == want
+    assert tlckpt_inspect(path)["family"] == "adam"

@@ -1,4 +1,10 @@
-"""Everything ``save_optimizer`` / ``load_optimizer`` must refuse, clearly, changing nothing."""
+"""Everything ``save_optimizer`` / ``load_optimizer`` must refuse, clearly, changing nothing.
+
+What no file can hold is refused by both. What only TorchLean's ``TLADAMF`` versions cannot
+hold (amsgrad, differing groups, bfloat16 moments, slots without state, ...) is saved in
+tlckpt's own family instead, refused with ``require_torchlean=True`` (every reason named),
+and refused when a ``TLADAMF`` file is loaded into such an optimizer.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    TiedNet,
-    make_adam,
-    optimizer_unchanged,
-    snapshot_optimizer,
-    step_once,
-    train,
-)
+from runtime_support import step_once
 
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
     AdamKind,
     CheckpointError,
     ConfigError,
     EntryError,
-    MomentDtype,
     SchemaMismatchError,
+    inspect,
     read_adam,
     write_adam,
 )
@@ -35,6 +33,9 @@ from tlckpt.runtime import (
     save_optimizer,
     schema_of,
 )
+from tlckpt.testing.adam import adamw_config
+from tlckpt.testing.bitwise import optimizer_unchanged, snapshot_optimizer
+from tlckpt.testing.models import TiedNet, make_adam, train
 
 
 @pytest.fixture
@@ -59,6 +60,33 @@ def _assert_refused_both_ways(opt, model, path: Path, error: type, match: str) -
     assert optimizer_unchanged(opt, snap)
 
 
+def _torchlean_file(params, path: Path) -> Path:
+    """A ``TLADAMF`` file for parameters of these shapes (float32, one AdamW group)."""
+    twins = [torch.nn.Parameter(torch.ones(p.shape)) for p in params]
+    opt = torch.optim.AdamW(twins, lr=0.01)
+    step_once(opt, twins)
+    assert save_optimizer(opt, twins, path) == 2
+    return path
+
+
+def _assert_not_torchlean(opt, model, torchlean: Path, match: str) -> None:
+    """Saved in tlckpt's family; refused with ``require_torchlean``; a TLADAMF file (of the
+    same schema) refused by the optimizer, which is left as it was."""
+    out = torchlean.with_suffix(".own")
+    with pytest.raises(ConfigError, match=match) as info:
+        save_optimizer(opt, model, out, require_torchlean=True)
+    assert "does not fit TorchLean's TLADAMF versions" in str(info.value)
+    assert not out.exists()
+    assert save_optimizer(opt, model, out) == 1
+    assert inspect(out)["family"] == "tlckpt_optimizer"
+    snap = snapshot_optimizer(opt)
+    with pytest.raises(ConfigError, match=match):
+        load_optimizer(opt, model, torchlean)
+    assert optimizer_unchanged(opt, snap)
+    load_optimizer(opt, model, out)  # its own file loads (and changes nothing)
+    assert optimizer_unchanged(opt, snap)
+
+
 def test_not_adam(trained):
     model, _, path = trained
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -72,14 +100,21 @@ def test_amsgrad(trained):
     model, _, path = trained
     opt = make_adam("adamw", model.parameters(), amsgrad=True)
     train(model, opt, 0, 1)
-    _assert_refused_both_ways(opt, model, path, ConfigError, "amsgrad")
+    _assert_not_torchlean(opt, model, path, "amsgrad")
+
+
+def test_maximize(trained):
+    model, _, path = trained
+    opt = make_adam("adamw", model.parameters(), maximize=True)
+    train(model, opt, 0, 1)
+    _assert_not_torchlean(opt, model, path, "maximize")
 
 
 def test_adam_with_weight_decay_says_use_adamw(trained):
     model, _, path = trained
     opt = make_adam("adam", model.parameters(), weight_decay=0.01)
     train(model, opt, 0, 1)
-    _assert_refused_both_ways(opt, model, path, ConfigError, "AdamW")
+    _assert_not_torchlean(opt, model, path, "AdamW")
 
 
 def test_adam_with_decoupled_weight_decay_is_adamw(tmp_path: Path):
@@ -107,7 +142,7 @@ def test_groups_that_differ(trained, field: str, value):
     params = list(model.parameters())
     opt = make_adam("adamw", [{"params": params[:3]}, {"params": params[3:], field: value}])
     train(model, opt, 0, 1)
-    _assert_refused_both_ways(opt, model, path, ConfigError, "param group 1 differs")
+    _assert_not_torchlean(opt, model, path, "param group 1 differs")
 
 
 def test_groups_that_differ_only_in_lr_are_fine(trained, tmp_path: Path):
@@ -121,11 +156,19 @@ def test_groups_that_differ_only_in_lr_are_fine(trained, tmp_path: Path):
     assert [g["lr"] for g in other.param_groups] == [0.1, 0.05]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_moment_dtype_other_than_float32_or_float64(tmp_path: Path, dtype: torch.dtype):
     p = torch.nn.Parameter(torch.ones(3, dtype=dtype))
     opt = torch.optim.AdamW([p], lr=0.01)
     p.grad = torch.ones(3, dtype=dtype)
+    opt.step()
+    _assert_not_torchlean(opt, [p], _torchlean_file([p], tmp_path / "x"), "float32 or float64")
+
+
+def test_moment_dtype_no_file_holds(tmp_path: Path):
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))
+    opt = torch.optim.AdamW([p], lr=0.01)
+    p.grad = torch.ones(3, dtype=torch.complex64)
     opt.step()
     _assert_refused_both_ways(opt, [p], tmp_path / "x", ConfigError, "float32 or float64")
 
@@ -135,15 +178,22 @@ def test_mixed_parameter_dtypes(tmp_path: Path):
     b = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     opt = torch.optim.AdamW([a, b], lr=0.01)
     step_once(opt, [a, b])
-    _assert_refused_both_ways(opt, [a, b], tmp_path / "x", ConfigError, "different dtypes")
+    torchlean = _torchlean_file([a, b], tmp_path / "x")
+    _assert_not_torchlean(opt, [a, b], torchlean, "different dtypes")
 
 
 def test_saving_before_any_step(tmp_path: Path):
     model = TiedNet()
     opt = make_adam("adamw", model.parameters())
-    with pytest.raises(CheckpointError, match="take an optimizer step"):
-        save_optimizer(opt, model, tmp_path / "o")
+    with pytest.raises(ConfigError, match="no state yet"):
+        save_optimizer(opt, model, tmp_path / "o", require_torchlean=True)
     assert not (tmp_path / "o").exists()
+    assert save_optimizer(opt, model, tmp_path / "o") == 1  # TLCKOPT: no entries
+    assert inspect(tmp_path / "o")["entries"] == []
+    trained = make_adam("adamw", model.parameters())
+    train(model, trained, 0, 1)
+    load_optimizer(trained, model, tmp_path / "o")
+    assert len(trained.state) == 0  # as torch has it before the first step
 
 
 def test_trainable_parameter_without_state_is_named(tmp_path: Path):
@@ -152,8 +202,12 @@ def test_trainable_parameter_without_state_is_named(tmp_path: Path):
     model.mix.bias.requires_grad_(False)  # no gradient in this step ...
     train(model, opt, 0, 1)
     model.mix.bias.requires_grad_(True)  # ... trainable again when saving
-    with pytest.raises(EntryError, match=r"mix\.bias"):
-        save_optimizer(opt, model, tmp_path / "o")
+    with pytest.raises(ConfigError, match=r"mix\.bias"):
+        save_optimizer(opt, model, tmp_path / "o", require_torchlean=True)
+    assert save_optimizer(opt, model, tmp_path / "o") == 1
+    slot = [n for n, _ in model.named_parameters(remove_duplicate=False)].index("mix.bias")
+    entries = inspect(tmp_path / "o")["entries"]
+    assert slot not in [e["id"] for e in entries] and len(entries) == len(opt.state)
 
 
 def test_optimizer_parameter_missing_from_module(tmp_path: Path):
@@ -183,7 +237,7 @@ def test_eps_that_rounds_to_zero_in_float32(tmp_path: Path):
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([p], lr=0.01, eps=1e-50)
     step_once(opt, [p])
-    _assert_refused_both_ways(opt, [p], tmp_path / "o", ConfigError, "epsilon")
+    _assert_not_torchlean(opt, [p], _torchlean_file([p], tmp_path / "o"), "epsilon")
     q = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
     opt64 = torch.optim.AdamW([q], lr=0.01, eps=1e-50)
     step_once(opt64, [q])
@@ -245,7 +299,7 @@ def test_step_not_representable_in_the_step_tensor(tmp_path: Path):
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([p], lr=0.01)
     step_once(opt, [p])
-    config = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, MomentDtype.FLOAT32)
+    config = adamw_config()
     zeros = np.zeros(2, np.float32)
     write_adam(tmp_path / "big", schema_of([p]), config, {0: AdamEntry(2**24 + 1, zeros, zeros)})
     snap = snapshot_optimizer(opt)

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from runtime_support import optimizer_unchanged, same, snapshot_optimizer
 
 from tlckpt.codec import (
     AdamEntry,
@@ -30,6 +29,7 @@ from tlckpt.codec import (
     write_float32_state,
 )
 from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
+from tlckpt.testing.bitwise import optimizer_unchanged, same, snapshot_optimizer
 from tlckpt.testing.strategies import AdamState, adam_states, byte_splices, float32_states
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

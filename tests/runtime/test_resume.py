@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from runtime_support import IMPLS, TiedNet, make_adam, resume_run, train
+from runtime_support import resume_run
 
 from tlckpt.runtime import load_optimizer, save_optimizer
+from tlckpt.testing.models import IMPLS, TiedNet, make_adam, train
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
@@ -70,9 +71,8 @@ def test_resume_across_settings_installs_destination_form(tmp_path: Path):
 
 def test_negative_control_without_optimizer_state_the_run_differs(tmp_path: Path):
     """The comparison is sharp enough to notice a resume that drops the optimizer state."""
-    from runtime_support import optimizer_states_equal
-
     from tlckpt.runtime import load_module_state, save_module_state
+    from tlckpt.testing.bitwise import optimizer_states_equal
 
     torch.manual_seed(0)
     reference = TiedNet()

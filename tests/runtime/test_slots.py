@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_support import TiedNet
 
 from tlckpt.codec import ParameterSchema, SchemaMismatchError
 from tlckpt.runtime import schema_of
+from tlckpt.testing.models import TiedNet
 
 
 def test_tied_model_schema():

@@ -10,17 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_support import (
-    ERROR_OF_CATEGORY,
-    TiedNet,
-    bits,
-    module_unchanged,
-    same,
-    snapshot_module,
-)
 
 from tlckpt.codec import CheckpointError, ConfigError, read_state_bits, write_state_bits
+from tlckpt.codec.errors import ERROR_OF_CATEGORY
 from tlckpt.runtime import load_state_bits, save_state_bits
+from tlckpt.testing.bitwise import bits, module_unchanged, same, snapshot_module
+from tlckpt.testing.models import TiedNet
 
 WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

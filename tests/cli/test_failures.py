@@ -19,52 +19,57 @@ from typing import Any
 
 import pytest
 import torch
+from cli_support import VECTORS_DIR, one_line_rejection, run
 
-from tlckpt import cli
-from tlckpt.codec.families import HEAD_BYTES, family_title
+from tlckpt.codec.families import HEAD_BYTES, family_named, family_title
 from tlckpt.testing.limits import run_limited, sparse_file
-from tlckpt.testing.vectors import vectors_dir
 
 cli_main = importlib.import_module("tlckpt.cli.main")  # the module (``cli.main`` is its function)
-VECTORS = vectors_dir()
 GiB = 1 << 30
 FILES = {
-    "adam": VECTORS / "adam_v4_counter.tladam",
-    "float32_state": VECTORS / "state_basic.tlsf32",
-    "state_bits": VECTORS / "bits_float32.json",
+    "adam": VECTORS_DIR / "adam_v4_counter.tladam",
+    "float32_state": VECTORS_DIR / "state_basic.tlsf32",
+    "state_bits": VECTORS_DIR / "bits_float32.json",
 }
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str, error_class: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"tlckpt: {error_class}: "), lines[0]
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- families
 
 
+#: The families whose files a reference of each family takes: either optimizer family's files
+#: load into an optimizer, so a ``TLADAMF`` reference takes ``TLCKOPT`` files too.
+TAKERS = {"adam": ("adam", "tlckpt_optimizer"), "tlckpt_optimizer": ("tlckpt_optimizer", "adam")}
+OWN_FAMILY = "tlckpt_optimizer"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """:data:`FILES`, and a small ``TLCKOPT`` file (tlckpt's own optimizer family, which has
+    no conformance vector: its family's own first example)."""
+    own = tmp_path_factory.mktemp("own") / "optimizer.tlckopt"
+    own.write_bytes(family_named(OWN_FAMILY).examples()[0].data)
+    return {**FILES, OWN_FAMILY: own}
+
+
 @pytest.mark.parametrize(
     ("found", "wanted"),
-    [(a, b) for a, b in itertools.permutations(FILES, 2)],
+    [
+        (a, b)
+        for a, b in itertools.permutations([*FILES, OWN_FAMILY], 2)
+        if a not in TAKERS.get(b, ())
+    ],
 )
 def test_validate_against_another_family_names_both(
-    capsys: pytest.CaptureFixture[str], found: str, wanted: str
+    capsys: pytest.CaptureFixture[str], files: dict[str, Path], found: str, wanted: str
 ) -> None:
-    reference = FILES[wanted]
-    code, out, err = run(capsys, "validate", FILES[found], "--against", reference)
+    reference = files[wanted]
+    code, out, err = run(capsys, "validate", files[found], "--against", reference)
     assert code == 1 and out == ""
-    line = one_line(err, "UnsupportedFormatError")
+    line = one_line_rejection(err, "UnsupportedFormatError")
+    titles = " or ".join(family_title(f) for f in TAKERS.get(wanted, (wanted,)))
     assert line.endswith(
-        f"{FILES[found]}, field magic: the families differ: this is {family_title(found)}, "
-        f"not {family_title(wanted)} as the destination ({reference}) requires"
+        f"{files[found]}, field magic: the families differ: this is {family_title(found)}, "
+        f"not {titles} as the destination ({reference}) requires"
     )
 
 
@@ -83,7 +88,7 @@ def test_validate_against_a_description_of_another_family(
             continue
         code, _, err = run(capsys, "validate", path, "--against", tmp_path / "d.json")
         assert code == 1
-        assert f"this is {family_title(found)}, not {family_title(kind)}" in one_line(
+        assert f"this is {family_title(found)}, not {family_title(kind)}" in one_line_rejection(
             err, "UnsupportedFormatError"
         )
 
@@ -96,7 +101,7 @@ def test_validate_adam_file_against_model_state(
     assert code == 1
     assert (
         f"this is {family_title('adam')}, not {family_title('float32_state')} or "
-        f"{family_title('state_bits')}" in one_line(err, "UnsupportedFormatError")
+        f"{family_title('state_bits')}" in one_line_rejection(err, "UnsupportedFormatError")
     )
 
 
@@ -111,7 +116,7 @@ def test_convert_a_file_of_another_family_than_its_extension(
     code, _, err = run(capsys, "convert", disguised, tmp_path / "out.pt")
     assert code == 1
     wanted = "state_bits" if extension == "json" else "float32_state"
-    assert f"this is {family_title(found)}, not {family_title(wanted)}" in one_line(
+    assert f"this is {family_title(found)}, not {family_title(wanted)}" in one_line_rejection(
         err, "UnsupportedFormatError"
     )
     assert not (tmp_path / "out.pt").exists()
@@ -154,7 +159,7 @@ def test_max_json_bytes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     ):
         code, _, err = run(capsys, *argv, "--max-json-bytes", size - 1)
         assert code == 1
-        assert "JSON read cap" in one_line(err, "FileTooLargeError")
+        assert "JSON read cap" in one_line_rejection(err, "FileTooLargeError")
         assert run(capsys, *argv, "--max-json-bytes", size)[0] == 0
     # binary files need no cap; a destination bounds a JSON read by itself
     assert run(capsys, "inspect", FILES["adam"], "--max-json-bytes", 1)[0] == 0
@@ -184,7 +189,7 @@ def test_max_json_bytes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
         (PermissionError(13, "Permission denied"), 1, "tlckpt: PermissionError: [Errno 13]"),
     ],
 )
-def test_every_failure_is_one_line(
+def test_every_failure_is_one_line_rejection(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     error: BaseException,
@@ -253,6 +258,6 @@ def test_sparse_files_are_one_line_refusals(
         argv.append(str(path.parent / "out.tlsf32"))
     child = run_limited(argv, 2 * GiB, timeout=120)
     assert (child.returncode, child.stdout) == (1, "")
-    assert reason in one_line(child.stderr, error)
+    assert reason in one_line_rejection(child.stderr, error)
     assert child.max_rss < 512 << 20
     assert not (path.parent / "out.tlsf32").exists()

@@ -1,0 +1,368 @@
+"""tlckpt's own optimizer family (``TLCKOPT``), read through its specs.
+
+Each rule is applied the moment its field is decoded, so a hostile header is rejected before
+anything it announces is allocated: the spec's own checks (tags, flags, hyperparameter
+ranges, an entry's slot having a group, its step), then the rules that need the stored schema
+or the destination, here. Nothing is returned until the whole file, trailing bytes included,
+has been checked. The writer is :mod:`.tlckpt_optimizer_writer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from construct import Container
+
+from ..formats import registry
+from ..formats.framing import OPTIMIZER_MAGIC
+from ..formats.primitives import U64_SIZE, float_bits
+from ..formats.tlckpt_optimizer import (
+    ENTRIES,
+    ENTRY_COUNT,
+    GROUP_COUNT,
+    GROUPS,
+    MOMENT_DTYPES,
+    RANDOM_COUNTER,
+    REPRESENTATIVES,
+    SCHEMA,
+    SLOT_GROUPS,
+)
+from .adam_types import PayloadSink
+from .config import AdamConfig
+from .errors import ConfigError, EntryError, SchemaMismatchError, differs, names_the_file
+from .framed import check_trailing, read_framing
+from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
+from .schema import ParameterSchema
+from .schema_check import SchemaVisitorMixin
+from .source import PathOrFile, open_source
+from .walker import Path, Visitor, field_name, parse
+
+__all__ = [
+    "OptimizerExpectation",
+    "read_optimizer_state",
+    "scan_optimizer_state",
+    "scan_optimizer_state_sizes",
+]
+
+_SCHEMA_BLOCKS = frozenset({SCHEMA[0], REPRESENTATIVES[0]})
+_GROUPS, _ENTRIES = GROUPS[0], ENTRIES[0]
+#: Path lengths of a record of an array, ``(*ARRAY, i)``, and of one of its fields.
+_RECORD, _RECORD_FIELD = len(ENTRIES) + 1, len(ENTRIES) + 2
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the shared schema check asks of a spec: the family always stores the alias map."""
+
+    representatives: bool = True
+
+
+@dataclass(frozen=True)
+class OptimizerExpectation:
+    """What a destination requires of a file, beyond its schema; ``None`` fields: anything.
+
+    Attributes:
+        groups: the destination's param groups; the file's must equal them in number and
+            bit for bit, the learning rate aside.
+        slot_groups: per slot, the index of its group (``None``: frozen or alias).
+        dtypes: per slot, the moment dtype an entry of that slot must have (``None``: any).
+        config: a TorchLean config every group must hold (the learning rate aside), with
+            neither amsgrad nor maximize: what a ``TLADAMF`` destination means here.
+    """
+
+    groups: Sequence[ParamGroupConfig] | None = None
+    slot_groups: Sequence[int | None] | None = None
+    dtypes: Sequence[str | None] | None = None
+    config: AdamConfig | None = None
+
+
+_ANY = OptimizerExpectation()
+
+
+def _group_tag(group: int | None) -> int:
+    return 0 if group is None else group + 1
+
+
+class _OptimizerReader(SchemaVisitorMixin, Visitor):
+    """Checks each field against the stored schema and the destination as it is decoded."""
+
+    layout = _Layout()
+
+    def __init__(
+        self,
+        spec: registry.FileSpec,
+        schema: ParameterSchema | None,
+        expect: OptimizerExpectation,
+        sink: PayloadSink | None,
+        skip_payloads: bool,
+    ):
+        self.version = spec.version
+        self.expect = expect
+        self.sink = sink
+        self.skip_payloads = skip_payloads
+        self.random_counter: int | None = None
+        self.groups: list[ParamGroupConfig] = []
+        self.slot_groups: tuple[int | None, ...] = ()
+        self.entries: dict[int, OptimizerEntry] = {}
+        self.last_id = -1
+        #: Bytes of each entry's payloads, as the spec sized them (payloads skipped only).
+        self.payload_bytes: dict[int, int] = {}
+        self.init_schema_check(schema)
+
+    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        head = path[0]
+        if head in _SCHEMA_BLOCKS:
+            self.check_schema_field(path, value, offset, ctx)
+        elif head == _ENTRIES:
+            self._entry_field(path, value, offset, ctx)
+        elif head == _GROUPS:
+            self._group_field(path, value, offset)
+        elif path == GROUP_COUNT:
+            want = self.expect.groups
+            if want is not None and value != len(want):
+                message = f"the file has {value} param group(s), the optimizer {len(want)}"
+                raise differs(ConfigError, message, offset, path, value, len(want))
+        elif path == SLOT_GROUPS:
+            self._check_slot_groups(value, offset)
+        elif path == RANDOM_COUNTER:
+            self.random_counter = value
+        elif path == ENTRY_COUNT:
+            most = self.schema.optimizer_state_count
+            if value > most:
+                message = f"entry_count is {value}, the schema has {most} representative slot(s)"
+                raise differs(EntryError, message, offset, path, value, f"<= {most}")
+
+    # ------------------------------------------------------------------ param groups
+
+    def _group_field(self, path: Path, value: Any, offset: int) -> None:
+        if len(path) == _RECORD:  # a whole group: keep it
+            self.groups.append(ParamGroupConfig.from_values(value))
+            return
+        if len(path) != _RECORD_FIELD:
+            return
+        index, name = path[1], path[2]
+        if name == "lr":
+            return  # the live optimizer keeps its own learning rate
+        want = self._expected_group_value(index, name)
+        if want is None:
+            return
+        same = float_bits(value) == float_bits(want) if isinstance(want, float) else value == want
+        if not same:
+            shown = _shown(value, want)
+            message = f"param group {index}: {name} is {shown[0]} in the file, {shown[1]} expected"
+            raise differs(ConfigError, message, offset, path, value, want)
+
+    def _expected_group_value(self, index: int, name: str) -> Any:
+        expect = self.expect
+        if expect.groups is not None:
+            return expect.groups[index].values()[name]
+        config = expect.config
+        if config is None:
+            return None
+        if name in ("amsgrad", "maximize"):
+            return 0  # a TorchLean config has neither
+        if name == "kind":
+            return int(config.kind)
+        return getattr(config, name)
+
+    # ------------------------------------------------------------------ slot groups
+
+    def _check_slot_groups(self, tags: list[int], offset: int) -> None:
+        schema, count = self.schema, len(self.groups)
+        expected = self.expect.slot_groups
+        want = None if expected is None else [_group_tag(g) for g in expected]
+        if want is not None and tags == want:
+            self.slot_groups = tuple(expected)
+            return
+        for j, tag in enumerate(tags):
+            at, where = offset + U64_SIZE * j, f"{field_name(SLOT_GROUPS)}[{j}]"
+            if schema.is_representative(j):
+                if not 1 <= tag <= count:
+                    raise SchemaMismatchError(
+                        f"slot {j} is trainable and names param group tag {tag}; the file has"
+                        f" {count} group(s) (tags 1 to {count})",
+                        offset=at,
+                        field=where,
+                        actual=tag,
+                        expected=f"1 to {count}",
+                    )
+            elif tag != 0:
+                what = "frozen" if schema.representative(j) is None else "an alias"
+                raise SchemaMismatchError(
+                    f"slot {j} is {what} and has param group tag {tag}; only representative"
+                    " slots have a group",
+                    offset=at,
+                    field=where,
+                    actual=tag,
+                    expected=0,
+                )
+            if want is not None and tag != want[j]:
+                raise SchemaMismatchError(
+                    f"slot {j}: param group {tag - 1} in the file, {want[j] - 1} expected",
+                    offset=at,
+                    field=where,
+                    actual=tag - 1,
+                    expected=want[j] - 1,
+                )
+        self.slot_groups = tuple(None if t == 0 else t - 1 for t in tags)
+
+    # ------------------------------------------------------------------ entries
+
+    def _entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        depth = len(path)
+        if depth == _RECORD:  # a whole record: keep it
+            self.entries[value.id] = OptimizerEntry(
+                int(value.step),
+                MOMENT_DTYPES[value.dtype_tag],
+                value.m,
+                value.v,
+                value.get("max_exp_avg_sq"),
+            )
+            return
+        if depth != _RECORD_FIELD:
+            return
+        name = path[-1]
+        if name == "id":
+            if value <= self.last_id:
+                what = "repeats" if value == self.last_id else "comes after"
+                raise EntryError(
+                    f"entry id {value} {what} entry id {self.last_id}; ids must increase",
+                    offset=offset,
+                    field=field_name(path),
+                    actual=value,
+                    expected=f"> {self.last_id}",
+                )
+            self.last_id = value
+        elif name == "dtype_tag":
+            want = self._expected_dtype(ctx.id)
+            got = MOMENT_DTYPES[value]
+            if want is not None and got != want:
+                message = f"entry for slot {ctx.id}: moments are {got} in the file, {want} expected"
+                raise differs(ConfigError, message, offset, path, got, want)
+        elif name == "count":
+            want = self.schema.element_count(ctx.id)
+            if value != want:
+                message = f"entry for slot {ctx.id} has {value} elements, the slot has {want}"
+                raise differs(EntryError, message, offset, path, value, want)
+
+    def _expected_dtype(self, slot: int) -> str | None:
+        expect = self.expect
+        if expect.dtypes is not None:
+            return expect.dtypes[slot]
+        if expect.config is not None:
+            return expect.config.dtype.value
+        return None
+
+    def payload_buffer(
+        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
+    ) -> Any:
+        if self.skip_payloads:
+            slot = int(ctx.id)
+            self.payload_bytes[slot] = self.payload_bytes.get(slot, 0) + count * dtype.itemsize
+            return None
+        if self.sink is not None:
+            return self.sink.buffer(int(ctx.id), path[-1], count, dtype)
+        return np.empty(count, dtype=dtype)
+
+    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
+        if self.sink is not None:
+            return self.sink.done(int(ctx.id), path[-1], buffer)
+        return buffer
+
+
+def _shown(value: Any, want: Any) -> tuple[str, str]:
+    if isinstance(want, float):
+        return tuple(f"{x!r} (0x{float_bits(x):016x})" for x in (value, want))  # type: ignore[return-value]
+    return repr(value), repr(want)
+
+
+def _read(
+    path: PathOrFile,
+    schema: ParameterSchema | None,
+    expect: OptimizerExpectation,
+    sink: PayloadSink | None,
+    skip_payloads: bool,
+) -> tuple[OptimizerCheckpoint, _OptimizerReader]:
+    with open_source(path) as src:
+        spec = read_framing(src, expect=OPTIMIZER_MAGIC)
+        reader = _OptimizerReader(spec, schema, expect, sink, skip_payloads)
+        parse(src, spec.struct, reader)
+        check_trailing(src)
+    checkpoint = OptimizerCheckpoint(
+        spec.version,
+        tuple(reader.groups),
+        reader.slot_groups,
+        reader.entries,
+        reader.random_counter,
+        reader.stored_schema,
+    )
+    return checkpoint, reader
+
+
+@names_the_file()
+def read_optimizer_state(
+    path: PathOrFile,
+    schema: ParameterSchema,
+    *,
+    groups: Sequence[ParamGroupConfig] | None = None,
+    slot_groups: Sequence[int | None] | None = None,
+    dtypes: Sequence[str | None] | None = None,
+    config: AdamConfig | None = None,
+    sink: PayloadSink | None = None,
+) -> OptimizerCheckpoint:
+    """Read and fully check a ``TLCKOPT`` file (tlckpt's optimizer family) for ``schema``.
+
+    Args:
+        path: file path, or a seekable binary file object (read from its position).
+        schema: the destination's parameter schema; the file's must equal it slot by slot.
+        groups: the destination's param groups, if known: the file's must be as many and
+            equal them bit for bit, the learning rate aside.
+        slot_groups: per slot, the index of its param group (``None``: frozen or alias).
+        dtypes: per slot, the dtype an entry's moments must have (``None``: any).
+        config: a TorchLean config every group must hold (lr aside; no amsgrad, no
+            maximize), as a destination that takes ``TLADAMF`` files has.
+        sink: where payloads go (default: fresh numpy arrays).
+
+    Returns:
+        The checked :class:`~tlckpt.codec.OptimizerCheckpoint`.
+
+    Raises:
+        CheckpointError: a subclass naming the rule, field/slot, offset and values.
+        OSError: from the file system.
+
+    Example:
+        >>> ckpt = read_optimizer_state("opt.tlckopt", schema)   # doctest: +SKIP
+        >>> ckpt.entries[0].dtype
+        'bfloat16'
+    """
+    expect = OptimizerExpectation(
+        None if groups is None else tuple(groups),
+        None if slot_groups is None else tuple(slot_groups),
+        None if dtypes is None else tuple(dtypes),
+        config,
+    )
+    for name, given in (("slot_groups", expect.slot_groups), ("dtypes", expect.dtypes)):
+        if given is not None and len(given) != len(schema):
+            raise SchemaMismatchError(
+                f"{name} has {len(given)} entries for {len(schema)} slot(s)", field=name
+            )
+    return _read(path, schema, expect, sink, skip_payloads=False)[0]
+
+
+@names_the_file()
+def scan_optimizer_state(path: PathOrFile) -> OptimizerCheckpoint:
+    """Check a ``TLCKOPT`` file against its own stored schema, skipping payloads.
+
+    Used by ``inspect``/``validate``: every rule that does not need a destination applies;
+    moments are ``None``.
+    """
+    return _read(path, None, _ANY, None, skip_payloads=True)[0]
+
+
+def scan_optimizer_state_sizes(path: PathOrFile) -> tuple[OptimizerCheckpoint, dict[int, int]]:
+    """:func:`scan_optimizer_state`, and the bytes of each entry's payloads (slot → bytes)."""
+    checkpoint, reader = _read(path, None, _ANY, None, skip_payloads=True)
+    return checkpoint, reader.payload_bytes

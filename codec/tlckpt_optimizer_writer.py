@@ -1,0 +1,201 @@
+"""Writing tlckpt's own optimizer family (``TLCKOPT``): caller input checked, then streamed.
+
+Everything the caller gives is checked before the first byte is written (entries given as a
+lazy mapping are checked one by one as they are produced, and a failure then leaves the
+previous file at the path, as every atomic write does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..formats import registry
+from ..formats.framing import OPTIMIZER_MAGIC
+from ..formats.primitives import U64_MAX
+from ..formats.tlckpt_optimizer import WRITTEN_VERSION
+from .adam_writer import check_random_counter
+from .atomic import output
+from .builder import build as build_spec
+from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
+from .optimizer_types import OptimizerEntry, ParamGroupConfig, moment_array_dtype, moment_tag
+from .schema import ParameterSchema
+from .schema_check import schema_values
+from .source import PathOrFile
+
+__all__ = ["write_optimizer_state"]
+
+
+def _check_groups(groups: Sequence[ParamGroupConfig]) -> None:
+    if not isinstance(groups, Sequence):
+        raise ConfigError("groups must be a sequence of ParamGroupConfig", field="groups")
+    for index, group in enumerate(groups):
+        if not isinstance(group, ParamGroupConfig):
+            raise ConfigError(
+                f"param group {index} must be a ParamGroupConfig, got {type(group).__name__}",
+                field=f"groups[{index}]",
+            )
+        try:
+            group.validate()
+        except ConfigError as exc:
+            raise ConfigError(
+                f"param group {index}: {exc.reason}",
+                field=f"groups[{index}].{exc.field}",
+                actual=exc.actual,
+                expected=exc.expected,
+            ) from None
+
+
+def _check_slot_groups(
+    schema: ParameterSchema, slot_groups: Sequence[int | None], count: int
+) -> None:
+    if len(slot_groups) != len(schema):
+        raise SchemaMismatchError(
+            f"slot_groups has {len(slot_groups)} entries for {len(schema)} slot(s)",
+            field="slot_groups",
+        )
+    for i, group in enumerate(slot_groups):
+        owner = schema.is_representative(i)
+        if owner:
+            ok = isinstance(group, (int, np.integer)) and not isinstance(group, bool)
+            if not ok or not 0 <= group < count:
+                raise SchemaMismatchError(
+                    f"slot {i} is trainable: its group must be an index below {count}, got"
+                    f" {group!r}",
+                    field=f"slot_groups[{i}]",
+                    actual=group,
+                )
+        elif group is not None:
+            raise SchemaMismatchError(
+                f"slot {i} is frozen or an alias: its group must be None, got {group!r}",
+                field=f"slot_groups[{i}]",
+                actual=group,
+            )
+
+
+def _check_entry(
+    slot: int, entry: Any, schema: ParameterSchema, amsgrad: bool
+) -> tuple[int, np.dtype]:
+    """The entry's dtype tag and array dtype, once every part of it is checked."""
+    step = getattr(entry, "step", None)
+    integral = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
+    if not integral or not 1 <= step <= U64_MAX:
+        raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
+    tag = moment_tag(getattr(entry, "dtype", None))
+    dtype = moment_array_dtype(entry.dtype)
+    count = schema.element_count(slot)
+    names = ("m", "v", "max_exp_avg_sq") if amsgrad else ("m", "v")
+    for name in names:
+        array = getattr(entry, name, None)
+        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
+            got = (
+                f"{array.dtype} with {array.size} elements"
+                if isinstance(array, np.ndarray)
+                else type(array).__name__
+            )
+            raise EntryError(
+                f"entry for slot {slot}: {name} must be {dtype} with {count} elements"
+                f" ({entry.dtype} moments), got {got}",
+                field=f"entries[{slot}].{name}",
+            )
+    if not amsgrad and getattr(entry, "max_exp_avg_sq", None) is not None:
+        raise EntryError(
+            f"entry for slot {slot}: its group has no amsgrad, so it has no max_exp_avg_sq",
+            field=f"entries[{slot}].max_exp_avg_sq",
+        )
+    return tag, dtype
+
+
+def _entry_records(
+    entries: Mapping[int, OptimizerEntry],
+    slots: list[int],
+    schema: ParameterSchema,
+    amsgrad: Sequence[bool],
+    checked: dict[int, int] | None,
+) -> Iterator[dict[str, Any]]:
+    for slot in slots:
+        entry = entries[slot]
+        tag = (
+            checked[slot]
+            if checked is not None
+            else _check_entry(slot, entry, schema, amsgrad[slot])[0]
+        )
+        yield {
+            "id": slot,
+            "step": int(entry.step),
+            "dtype_tag": tag,
+            "count": schema.element_count(slot),
+            "m": entry.m.reshape(-1),
+            "v": entry.v.reshape(-1),
+            "max_exp_avg_sq": entry.max_exp_avg_sq.reshape(-1) if amsgrad[slot] else None,
+        }
+
+
+@names_the_file()
+def write_optimizer_state(
+    path: PathOrFile,
+    schema: ParameterSchema,
+    groups: Sequence[ParamGroupConfig],
+    slot_groups: Sequence[int | None],
+    entries: Mapping[int, OptimizerEntry],
+    random_counter: int | None = None,
+) -> int:
+    """Write a ``TLCKOPT`` file (tlckpt's optimizer family) atomically; returns its version.
+
+    Args:
+        path: destination path (written atomically), or a binary file object.
+        schema: the parameters' schema; must be well-formed.
+        groups: the optimizer's param groups, in order (each validated).
+        slot_groups: per slot, the index of its group; ``None`` exactly for frozen slots and
+            aliases.
+        entries: one :class:`~tlckpt.codec.OptimizerEntry` per representative slot that has
+            state (none for one that has not). Accessed one at a time in increasing slot
+            order, so a lazy mapping can produce each host array on demand.
+        random_counter: a u64 to store, or ``None``.
+
+    Returns:
+        The version written.
+
+    Raises:
+        CheckpointError: invalid schema, groups, slot groups, entries or counter; nothing is
+            left at ``path`` beyond the previous file.
+        OSError: from the file system.
+    """
+    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
+        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
+    _check_groups(groups)
+    _check_slot_groups(schema, slot_groups, len(groups))
+    check_random_counter(random_counter)
+    amsgrad = [g is not None and groups[g].amsgrad for g in slot_groups]
+    owners = schema.representative_set
+    slots = sorted(entries.keys())
+    strays = [s for s in slots if s not in owners]
+    if strays:
+        raise EntryError(
+            f"entries are for representative slots only; not representative: {strays}",
+            actual=strays,
+            expected=sorted(owners),
+        )
+    # A plain dict is already in memory: check all of it before the first byte is written.
+    checked = None
+    if isinstance(entries, dict):
+        checked = {s: _check_entry(s, entries[s], schema, amsgrad[s])[0] for s in slots}
+
+    spec = registry.lookup(OPTIMIZER_MAGIC, WRITTEN_VERSION)
+    if spec is None:  # pragma: no cover - registered by tlckpt.formats itself
+        raise CheckpointError(f"TLCKOPT version {WRITTEN_VERSION} is not registered")
+    values = {
+        "counter_flag": 0 if random_counter is None else 1,
+        "random_counter": None if random_counter is None else int(random_counter),
+        "group_count": len(groups),
+        "groups": [g.values() for g in groups],
+        **schema_values(schema),
+        "slot_groups": [0 if g is None else int(g) + 1 for g in slot_groups],
+        "entry_count": len(slots),
+        "entries": _entry_records(entries, slots, schema, amsgrad, checked),
+    }
+    with output(path) as f:
+        build_spec(f, spec.struct, values)
+    return WRITTEN_VERSION

@@ -1,0 +1,231 @@
+"""Adam/AdamW state that TorchLean's versions cannot hold, in tlckpt's own family (not TorchLean's).
+
+This family is tlckpt's, not TorchLean's: TorchLean neither writes nor reads it, and its magic
+is not ``TLADAMF``, so no TorchLean reader mistakes one of its files for its own.
+``save_optimizer`` writes it only when an optimizer's state does not fit any ``TLADAMF``
+version: param groups whose kind, betas, eps or weight decay differ, ``amsgrad``,
+``maximize``, ``torch.optim.Adam`` with (L2) weight decay, moments of another dtype than
+float32/float64 or of several dtypes, trainable parameters without state yet. Whenever the
+state fits, the file is TorchLean's version, byte for byte as TorchLean writes it.
+
+A file holds what TorchLean's version 5 holds (the optional random counter, TorchLean's schema
+block and representatives block, unchanged) and in addition: the table of param groups, with
+every hyperparameter that decides what the moments mean as exact binary64 bits (like
+TorchLean's config) and the learning rate at the time of the save; each slot's group; per
+entry its moment dtype (float32, float64, bfloat16 as its uint16 storage words, float16) and,
+where its group has amsgrad, ``max_exp_avg_sq``. Entries exist only for slots that have state,
+in increasing slot order: a trainable slot without state yet (a parameter that has never had
+a gradient in an optimizer step) simply has no entry. Execution settings (``foreach``,
+``fused``, ``capturable``, ``differentiable``) are not stored: a load installs the state in
+the form the live optimizer's own settings expect.
+
+How versions evolve: a new version is a new named spec in this module, registered beside the
+others (``OPTIMIZER_VERSIONS``, ``formats/registry.py``). Readers keep every registered
+version, so every file ever written stays readable; the writer writes ``WRITTEN_VERSION``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from construct import Array, If, Struct, this
+
+from .adam import KIND_TAGS
+from .framing import OPTIMIZER_MAGIC, framed
+from .primitives import F64, U64, Payload, Valid, field_path
+from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK
+from .state_bits import encoding_by_name
+
+__all__ = [
+    "MomentTag",
+    "MOMENT_DTYPES",
+    "MOMENT_ARRAYS",
+    "GroupFlag",
+    "PARAM_GROUP",
+    "OPTIMIZER_ENTRY",
+    "OPTIMIZER_V1",
+    "OPTIMIZER_VERSIONS",
+    "WRITTEN_VERSION",
+    "GROUP_FLOATS",
+    "GROUP_FLAGS",
+    "MOMENTS",
+    "VERSION",
+    "COUNTER_FLAG",
+    "RANDOM_COUNTER",
+    "GROUP_COUNT",
+    "GROUPS",
+    "SCHEMA",
+    "SLOTS",
+    "REPRESENTATIVES",
+    "SLOT_GROUPS",
+    "ENTRY_COUNT",
+    "ENTRIES",
+]
+
+
+class MomentTag(enum.IntEnum):
+    """An entry's moment dtype tag (0 and 1 as TorchLean's v5 ``dtype_tag``)."""
+
+    FLOAT32 = 0
+    FLOAT64 = 1
+    BFLOAT16 = 2
+    FLOAT16 = 3
+
+
+#: moment dtype tag → the dtype's name, which is also its exact-bits encoding's short name.
+MOMENT_DTYPES = {int(tag): tag.name.lower() for tag in MomentTag}
+#: moment dtype tag → numpy dtype of the payloads: the encoding's array dtype (bfloat16 as its
+#: uint16 storage words, the others native).
+MOMENT_ARRAYS = {tag: encoding_by_name(name).array_dtype for tag, name in MOMENT_DTYPES.items()}
+
+
+def _beta(value: float, _: Any) -> bool:
+    return 0.0 <= value < 1.0  # NaN fails
+
+
+def _non_negative(value: float, _: Any) -> bool:
+    return value >= 0.0  # NaN fails; -0.0 and +inf pass, as torch.optim.Adam accepts them
+
+
+def _flag(doc: str) -> Any:
+    return Valid(U64, lambda v, _: v in (0, 1), expected="0 or 1", category="config") * doc
+
+
+#: One param group: every hyperparameter that decides what its moments mean, and its learning
+#: rate. The checks are torch.optim.Adam's own rules, so any group torch accepts is stored.
+PARAM_GROUP = Struct(
+    "kind"
+    / Valid(U64, lambda v, _: v in KIND_TAGS, expected="0 (Adam) or 1 (AdamW)", category="config")
+    * "0 = Adam (weight decay added to the gradient), 1 = AdamW (decoupled weight decay)",
+    "beta1"
+    / Valid(F64, _beta, expected="0 <= beta1 < 1", category="config")
+    * "first-moment decay, binary64 bits",
+    "beta2"
+    / Valid(F64, _beta, expected="0 <= beta2 < 1", category="config")
+    * "second-moment decay, binary64 bits",
+    "epsilon"
+    / Valid(F64, _non_negative, expected=">= 0 (not NaN)", category="config")
+    * "eps, binary64 bits",
+    "weight_decay"
+    / Valid(F64, _non_negative, expected=">= 0 (not NaN)", category="config")
+    * "weight decay, binary64 bits",
+    "lr"
+    / Valid(F64, _non_negative, expected=">= 0 (not NaN)", category="config")
+    * "learning rate when saved, binary64 bits (a load keeps the live optimizer's)",
+    "amsgrad" / _flag("1: the group's entries hold max_exp_avg_sq"),
+    "maximize" / _flag("1: the group maximises its objective (steps along the gradient)"),
+)
+
+#: The group fields that are binary64 values, and those that are 0/1 flags, in file order.
+GROUP_FLOATS = ("beta1", "beta2", "epsilon", "weight_decay", "lr")
+GROUP_FLAGS = ("amsgrad", "maximize")
+
+
+class GroupFlag:
+    """A spec condition: whether the param group of the record's slot has ``flag`` set.
+
+    It reads ``groups[slot_groups[id] - 1].<flag>``; it is false where that names no group
+    (the record's ``id`` check has rejected such a record before the condition is asked).
+
+    Args:
+        flag: a field of :data:`PARAM_GROUP` that is 0 or 1.
+    """
+
+    def __init__(self, flag: str):
+        self.flag = flag
+
+    def __call__(self, ctx: Any) -> bool:
+        try:
+            root = ctx._root
+            tag = root.slot_groups[ctx.id]
+            return tag > 0 and root.groups[tag - 1][self.flag] == 1
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return False
+
+    def __repr__(self) -> str:
+        return f"groups[slot_groups[id] - 1].{self.flag} == 1"
+
+
+def _has_group(value: int, ctx: Any) -> bool:
+    try:
+        tags = ctx._root.slot_groups
+        return value < len(tags) and tags[value] != 0
+    except (AttributeError, TypeError):
+        return False
+
+
+def _moment_array(ctx: Any) -> str:
+    return MOMENT_ARRAYS[ctx.dtype_tag]
+
+
+#: One slot's state. ``count`` is checked against the slot's shape by the reader.
+OPTIMIZER_ENTRY = Struct(
+    "id"
+    / Valid(
+        U64,
+        _has_group,
+        expected="a slot with a param group (slot_groups[id] > 0)",
+        category="entry",
+    )
+    * "parameter slot (a representative slot), increasing from entry to entry",
+    "step"
+    / Valid(U64, lambda v, _: v >= 1, expected=">= 1", category="entry")
+    * "Adam step counter t of that slot",
+    "dtype_tag"
+    / Valid(
+        U64,
+        lambda v, _: v in MOMENT_DTYPES,
+        expected="0 (float32), 1 (float64), 2 (bfloat16) or 3 (float16)",
+        category="config",
+    )
+    * "moment dtype: the parameter's",
+    "count" / U64 * "element count (the slot's)",
+    "m" / Payload(this.count, _moment_array) * "first moment (exp_avg)",
+    "v" / Payload(this.count, _moment_array) * "second moment (exp_avg_sq)",
+    "max_exp_avg_sq"
+    / If(GroupFlag("amsgrad"), Payload(this.count, _moment_array))
+    * "amsgrad's running maximum of v: present exactly when the slot's group has amsgrad",
+)
+
+#: The moment payloads of an entry, in file order.
+MOMENTS = ("m", "v", "max_exp_avg_sq")
+
+#: v1: TorchLean v5's content plus param groups, each slot's group, per-entry moment dtypes,
+#: amsgrad's ``max_exp_avg_sq``, and no entry for a slot without state.
+OPTIMIZER_V1 = Struct(
+    *framed(OPTIMIZER_MAGIC, 1),
+    "counter_flag" / _flag("0 = absent, 1 = present"),
+    "random_counter" / If(this.counter_flag == 1, U64) * "random-number counter, if flagged",
+    "group_count" / U64 * "number of param groups: the optimizer's param_groups, in order",
+    "groups" / Array(this.group_count, PARAM_GROUP) * "one record per param group",
+    "schema" / SCHEMA_BLOCK,
+    "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
+    "slot_groups"
+    / Array(this.schema.slot_count, U64)
+    * "per slot: g + 1 for a representative slot in param group g, 0 for the others",
+    "entry_count" / U64 * "slots that have state: at most the representative slots",
+    "entries"
+    / Array(this.entry_count, OPTIMIZER_ENTRY)
+    * "in increasing id; a slot without state has no entry",
+)
+
+OPTIMIZER_VERSIONS = {1: OPTIMIZER_V1}
+#: The version writers produce.
+WRITTEN_VERSION = 1
+
+# Spec paths readers act on. The schema blocks are TorchLean's, under TorchLean's names, so
+# the schema check shared with TLADAMF applies to them unchanged.
+VERSION = field_path(OPTIMIZER_V1, "version")
+COUNTER_FLAG = field_path(OPTIMIZER_V1, "counter_flag")
+RANDOM_COUNTER = field_path(OPTIMIZER_V1, "random_counter")
+GROUP_COUNT = field_path(OPTIMIZER_V1, "group_count")
+GROUPS = field_path(OPTIMIZER_V1, "groups")
+SCHEMA = field_path(OPTIMIZER_V1, "schema")
+SLOTS = field_path(OPTIMIZER_V1, "schema", "slots")
+REPRESENTATIVES = field_path(OPTIMIZER_V1, "representatives")
+SLOT_GROUPS = field_path(OPTIMIZER_V1, "slot_groups")
+ENTRY_COUNT = field_path(OPTIMIZER_V1, "entry_count")
+ENTRIES = field_path(OPTIMIZER_V1, "entries")
+for _name in MOMENTS:
+    field_path(OPTIMIZER_V1, "entries", _name)
