@@ -19,4 +19,9 @@ RUNTIME_NAMES = (
     "MissingRandomCounterWarning",
     "last_sharded_io",
     "ShardedIO",
+    "CheckpointManager",
+    "SaveHandle",
+    "Restored",
+    "save_checkpoint",
+    "load_checkpoint",
 )

@@ -6,8 +6,8 @@ checks in order, all ranks together; each rank writes ``results-w{W}-r{R}.json``
 after every check (check name → ``{"ok": bool, ...}``), which the tests then read.
 This module holds the runs, resumes and reshards; the failure checks are in
 ``worker_failures.py``, the placements, dtypes and memory in ``worker_placements.py``,
-tlckpt's own optimizer family in ``worker_groups.py``, the two paths of a sharded call
-(parallel, through rank 0) in ``worker_paths.py``.
+tlckpt's own optimizer family in ``worker_groups.py``, checkpoint sets in ``worker_sets.py``,
+the two paths of a sharded call (parallel, through rank 0) in ``worker_paths.py``.
 Files are exchanged between groups (and the pytest process) through WORKDIR:
 ``w{W}/model.tlsf32``, ``state.json``, ``opt.tladam``, ``saved.pt`` and ``continued.pt``.
 """
@@ -231,5 +231,6 @@ if __name__ == "__main__":
     import worker_groups  # noqa: F401
     import worker_paths  # noqa: F401
     import worker_placements  # noqa: F401
+    import worker_sets  # noqa: F401
 
     main()

@@ -326,3 +326,15 @@ def test_a_failure_on_any_rank_at_any_phase_of_a_parallel_save_or_load(groups, l
         assert {o["raised"] for o in outcomes} == {"OSError"}, (phase, outcomes)
         assert len({o["message"] for o in outcomes}) == 1, (phase, outcomes)
         assert all(o["unchanged"] and o["route"] == "parallel" for o in outcomes), phase
+
+
+def test_checkpoint_set_of_a_sharded_model(groups):
+    """Every rank saves and restores; rank 0 writes the members (the model member is the
+    single-process file) and commits the manifest once every rank has confirmed."""
+    results = report(groups, 2, "checkpoint_sets")
+    assert results[0]["same_model"] is True and results[0]["world_size"] == 2
+    for r in results:
+        assert r["steps"] == [K]
+        assert r["counter"] == K
+        assert r["after_restore"] == []
+        assert "not supported" in r["background"]
