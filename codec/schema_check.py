@@ -7,8 +7,8 @@ from typing import Any
 
 from construct import Container
 
-from ..formats.adam import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
 from ..formats.primitives import U64_SIZE, product
+from ..formats.schema import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
 from .batches import RecordBatch
 from .errors import SchemaMismatchError, differs
 from .schema import ParameterSchema
