@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from construct import Array, Construct, If, IfThenElse, Struct, this
 
-from .framing import ADAM_MAGIC, framed
+from .framing import ADAM_MAGIC, VERSION, framed
 from .primitives import F64, U64, Payload, TextEnum, Valid, field_path, flag, unwrap
 from .schema import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS, schema_fields
 
@@ -152,9 +152,9 @@ ADAM_V5 = Struct(
 
 ADAM_VERSIONS = {2: ADAM_V2, 3: ADAM_V3, 4: ADAM_V4, 5: ADAM_V5}
 
-# Spec paths readers act on (a reader dispatches on these, never on a path's depth); those of
-# the schema blocks (SCHEMA, SLOT_COUNT, SLOTS, REPRESENTATIVES) are formats.schema's.
-VERSION = field_path(ADAM_V2, "version")
+# Spec paths readers act on (a reader dispatches on these, never on a path's depth); the
+# version's is formats.framing's, those of the schema blocks (SCHEMA, SLOT_COUNT, SLOTS,
+# REPRESENTATIVES) formats.schema's. COUNTER_FLAG and RANDOM_COUNTER are OPTIONAL_COUNTER's.
 DTYPE_TAG = field_path(ADAM_V5, "dtype_tag")
 KIND = field_path(ADAM_V2, "kind")
 CONFIG = field_path(ADAM_V2, "config")

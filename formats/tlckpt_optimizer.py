@@ -31,8 +31,8 @@ from typing import Any
 
 from construct import Array, If, Struct, this
 
-from .adam import OPTIONAL_COUNTER, kind_tag
-from .framing import OPTIMIZER_MAGIC, framed
+from .adam import COUNTER_FLAG, OPTIONAL_COUNTER, RANDOM_COUNTER, kind_tag
+from .framing import OPTIMIZER_MAGIC, VERSION, framed
 from .primitives import F64, U64, Payload, Valid, field_path, flag
 from .schema import REPRESENTATIVES, SCHEMA, SLOTS, schema_fields
 from .state_bits import encoding_by_name
@@ -210,10 +210,8 @@ WRITTEN_VERSION = 1
 
 # Spec paths readers act on. The schema blocks are TorchLean's, under TorchLean's names
 # (schema_fields), so their paths (SCHEMA, SLOTS, REPRESENTATIVES) are formats.schema's and
-# the schema check shared with TLADAMF applies to them unchanged.
-VERSION = field_path(OPTIMIZER_V1, "version")
-COUNTER_FLAG = field_path(OPTIMIZER_V1, "counter_flag")
-RANDOM_COUNTER = field_path(OPTIMIZER_V1, "random_counter")
+# the schema check shared with TLADAMF applies to them unchanged; VERSION is the framing's,
+# COUNTER_FLAG and RANDOM_COUNTER those of TLADAMF v5's OPTIONAL_COUNTER, stored here too.
 GROUP_COUNT = field_path(OPTIMIZER_V1, "group_count")
 GROUPS = field_path(OPTIMIZER_V1, "groups")
 SLOT_GROUPS = field_path(OPTIMIZER_V1, "slot_groups")
