@@ -14,7 +14,10 @@ from .errors import SchemaMismatchError, differs
 from .schema import ParameterSchema
 from .walker import Path, field_name
 
-__all__ = ["check_shape_field", "SchemaVisitorMixin", "schema_values"]
+__all__ = ["check_shape_field", "SCHEMA_BLOCKS", "SchemaVisitorMixin", "schema_values"]
+
+#: The top-level fields whose values :meth:`SchemaVisitorMixin.check_schema_field` judges.
+SCHEMA_BLOCKS = frozenset({SCHEMA[0], REPRESENTATIVES[0]})
 
 
 def _fmt(shape: Any) -> str:
