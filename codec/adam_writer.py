@@ -15,31 +15,23 @@ import numpy as np
 from ..formats import registry
 from ..formats.adam import AdamLayout, CounterPresence, layout_of
 from ..formats.framing import ADAM_MAGIC
-from ..formats.primitives import U64_MAX
 from .adam_types import AdamEntry
 from .atomic import output
 from .builder import build as build_spec
 from .config import AdamConfig
-from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
+from .errors import CheckpointError, ConfigError, EntryError, names_the_file
 from .schema import ParameterSchema
 from .schema_check import schema_values
 from .source import PathOrFile
+from .writer_checks import (
+    check_entry_step,
+    check_moments,
+    check_random_counter,
+    check_schema,
+    counter_values,
+)
 
-__all__ = ["check_random_counter", "select_version", "write_adam"]
-
-
-def check_random_counter(random_counter: Any) -> None:
-    """Raise :class:`ConfigError` unless ``random_counter`` is ``None`` or a u64."""
-    if random_counter is not None and (
-        isinstance(random_counter, bool)
-        or not isinstance(random_counter, (int, np.integer))
-        or not 0 <= random_counter <= U64_MAX
-    ):
-        raise ConfigError(
-            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
-            field="random_counter",
-            actual=random_counter,
-        )
+__all__ = ["select_version", "write_adam"]
 
 
 def select_version(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> int:
@@ -67,23 +59,8 @@ def _fits(
 
 
 def _check_entry(slot: int, entry: Any, schema: ParameterSchema, dtype: np.dtype) -> None:
-    step = getattr(entry, "step", None)
-    integral = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
-    if not integral or not 1 <= step <= U64_MAX:
-        raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
-    count = schema.element_count(slot)
-    for name in ("m", "v"):
-        array = getattr(entry, name, None)
-        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
-            got = (
-                f"{array.dtype} with {array.size} elements"
-                if isinstance(array, np.ndarray)
-                else type(array).__name__
-            )
-            raise EntryError(
-                f"entry for slot {slot}: {name} must be {dtype} with {count} elements, got {got}",
-                field=f"entries[{slot}].{name}",
-            )
+    check_entry_step(slot, entry)
+    check_moments(slot, entry, ("m", "v"), dtype, schema.element_count(slot))
 
 
 def _entry_records(
@@ -132,8 +109,7 @@ def write_adam(
             beyond the previous file.
         OSError: from the file system.
     """
-    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
-        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
+    check_schema(schema)
     if not isinstance(config, AdamConfig):
         raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
     config.validate()
@@ -174,8 +150,7 @@ def write_adam(
             "epsilon": config.epsilon,
             "weight_decay": config.weight_decay,
         },
-        "counter_flag": 0 if random_counter is None else 1,
-        "random_counter": None if random_counter is None else int(random_counter),
+        **counter_values(random_counter),
         **schema_values(schema),
         "entry_count": schema.optimizer_state_count,
         "entries": _entry_records(entries, schema, dtype, checked=eager),
