@@ -30,7 +30,15 @@ from tlckpt.testing.recipes import TransformerSize, bert, gpt2, hf_param_groups,
 
 REPS = 5
 #: The transformers' size: small, but with payloads that dominate their metadata.
-SMALL = TransformerSize(8192, 128, width=256, layers=4, heads=4, intermediate=1024)
+SMALL = TransformerSize(8192, 128, hidden_size=256, num_hidden_layers=4, num_attention_heads=4)
+
+
+def _gpt2(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    return gpt2(SMALL, dtype)
+
+
+def _bert() -> torch.nn.Module:
+    return bert(SMALL, intermediate_size=1024)
 
 
 def _convnet() -> torch.nn.Module:
@@ -68,26 +76,14 @@ def _image_loss(model: torch.nn.Module) -> torch.Tensor:
 
 Recipe = tuple[str, Callable[[], torch.nn.Module], Callable[[torch.nn.Module], Any], dict, Callable]
 RECIPES: list[Recipe] = [
-    ("GPT-2, HF two groups", lambda: gpt2(SMALL), hf_param_groups, {}, _lm_loss),
-    (
-        "GPT-2, HF two groups, amsgrad",
-        lambda: gpt2(SMALL),
-        hf_param_groups,
-        {"amsgrad": True},
-        _lm_loss,
-    ),
-    (
-        "GPT-2 bfloat16, HF two groups",
-        lambda: gpt2(SMALL, torch.bfloat16),
-        hf_param_groups,
-        {},
-        _lm_loss,
-    ),
-    ("BERT, unused pooler", lambda: bert(SMALL), hf_param_groups, {}, _bert_loss),
+    ("GPT-2, HF two groups", _gpt2, hf_param_groups, {}, _lm_loss),
+    ("GPT-2, HF two groups, amsgrad", _gpt2, hf_param_groups, {"amsgrad": True}, _lm_loss),
+    ("GPT-2 bfloat16, HF two groups", lambda: _gpt2(torch.bfloat16), hf_param_groups, {}, _lm_loss),
+    ("BERT, unused pooler", _bert, hf_param_groups, {}, _bert_loss),
     ("conv net, timm ndim<=1 split", _convnet, timm_param_groups, {}, _image_loss),
     (
         "GPT-2, one group (TLADAMF)",
-        lambda: gpt2(SMALL),
+        _gpt2,
         lambda m: m.parameters(),
         {"weight_decay": 0.01},
         _lm_loss,

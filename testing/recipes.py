@@ -15,6 +15,7 @@ when a model or the Trainer's groups are asked for.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,53 +28,33 @@ ParamGroups = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class TransformerSize:
-    """The size of a transformer built from a config.
+    """A transformer's size, in the config names ``transformers`` models share (GPT-2's config
+    takes them for its own ``n_embd``, ``n_layer``, ... through its ``attribute_map``)."""
 
-    Attributes:
-        vocab: vocabulary size.
-        positions: the longest sequence.
-        width: hidden size.
-        layers: number of blocks.
-        heads: attention heads per block.
-        intermediate: BERT's feed-forward width.
-    """
-
-    vocab: int
-    positions: int
-    width: int
-    layers: int
-    heads: int
-    intermediate: int
+    vocab_size: int
+    max_position_embeddings: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
 
 
 def gpt2(size: TransformerSize, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """GPT-2 of ``size``: tied ``wte``/``lm_head``, dropout on."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(
-        vocab_size=size.vocab,
-        n_positions=size.positions,
-        n_embd=size.width,
-        n_layer=size.layers,
-        n_head=size.heads,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
+    config = GPT2Config(**dataclasses.asdict(size), bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(config).to(dtype)
 
 
-def bert(size: TransformerSize, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """BERT of ``size``, with its pooler (which a loss on the tokens never reaches)."""
+def bert(
+    size: TransformerSize, intermediate_size: int, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """BERT of ``size`` and feed-forward width ``intermediate_size``, with its pooler (which a
+    loss on the tokens never reaches)."""
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
-        vocab_size=size.vocab,
-        hidden_size=size.width,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        intermediate_size=size.intermediate,
-        max_position_embeddings=size.positions,
-        pad_token_id=0,
+        **dataclasses.asdict(size), intermediate_size=intermediate_size, pad_token_id=0
     )
     return BertModel(config, add_pooling_layer=True).to(dtype)
 

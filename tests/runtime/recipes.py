@@ -38,7 +38,7 @@ from tlckpt.testing.recipes import (
 
 VOCAB, SEQ, BATCH = 24, 6, 3
 #: The transformers' tiny size.
-TINY = TransformerSize(VOCAB, SEQ, width=8, layers=1, heads=2, intermediate=16)
+TINY = TransformerSize(VOCAB, SEQ, hidden_size=8, num_hidden_layers=1, num_attention_heads=2)
 
 transformers.logging.set_verbosity_error()  # its notes on tiny configs are not the test's
 
@@ -175,7 +175,7 @@ RECIPES = {
         Recipe("hf_gpt2_two_groups", lambda: gpt2(TINY), hf_param_groups, lm_loss),
         Recipe(
             "hf_bert_unused_pooler",
-            lambda: bert(TINY),
+            lambda: bert(TINY, intermediate_size=16),
             hf_param_groups,
             token_loss,
             no_state=("pooler.dense.weight", "pooler.dense.bias"),
