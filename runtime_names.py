@@ -17,4 +17,9 @@ RUNTIME_NAMES = (
     "save_optimizer",
     "load_optimizer",
     "MissingRandomCounterWarning",
+    "CheckpointManager",
+    "SaveHandle",
+    "Restored",
+    "save_checkpoint",
+    "load_checkpoint",
 )

@@ -1,16 +1,16 @@
-"""Orchestrator: every case in a fresh process, then the JSON, Markdown and PNG reports.
+"""Orchestrator: every workload in a process of its own, fresh-process probes, the reports.
 
-``.venv/bin/python -m bench [--quick] [--only PATTERN ...] [--reps N]`` from the repository
-root. Writes ``bench/results/<YYYY-MM-DD>.{json,md,png}`` (``<date>-quick.*`` with
-``--quick``). Scratch files live in a temporary folder under ``--tmp`` (default ``/tmp``)
-that is removed at the end, whatever happens.
+``.venv/bin/python -m bench [--quick] [--only GROUP ...] [--reps N]`` from the repository
+root writes ``bench/results/<YYYY-MM-DD>.{json,md,png}`` (``<date>-quick.*`` with
+``--quick``, ``<date>[-quick]-partial.*`` with ``--only``). Scratch files live in a folder
+under ``--tmp`` (default ``/tmp``), removed at the end, whatever happens. No environment
+variable is set for the timed processes: they run with the allocator users have.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import fnmatch
 import json
 import os
 import platform
@@ -22,60 +22,77 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cases import CASES, case_names
+from bench.group import GROUPS, MARKER
+from bench.models import SIZES
 from bench.report import write_reports
-from bench.worker import MARKER
 
-__all__ = ["main"]
+__all__ = ["main", "PROBES", "REPS"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 
-#: Repetitions per workload and mode: enough for a median on this noisy machine while the
-#: whole suite stays under 10 minutes on 2 cores.
+#: Timed repetitions per group (after one untimed round), all libraries in turns.
 REPS = {
-    "full": {"W1": 3, "W2": 5, "W3": 3, "W4": 3},
-    "quick": {"W1": 3, "W2": 3, "W3": 3, "W4": 3},
+    "full": {"big1": 5, "big48": 5, "small": 7, "gpt2": 3, "json": 3, "inspect": 3},
+    "quick": {"big1": 2, "big48": 2, "small": 2, "gpt2": 2, "json": 2, "inspect": 2},
 }
-#: Scratch space the largest case needs at once (W3: 2 GiB file + margin; W1: 1 GiB).
-DISK_NEEDED = {"full": 5 << 30, "quick": 1 << 30}
-#: Untimed calls of every operation before its repetitions: first-call costs (lazy imports,
-#: caches, the page cache of the first file) stay out of the medians; they are reported.
-WARMUP = 1
-CASE_TIMEOUT_S = {"full": 300, "quick": 120}
-
-#: Large allocations always through mmap, so freed tensors go back to the OS and each
-#: repetition's peak/retained RSS is measured against the same baseline (glibc's dynamic
-#: threshold would otherwise keep some in the heap after the first repetition).
-WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
-#: Workloads measured with the allocator as users have it. W4 has no memory goal, and
-#: forcing every buffer over 1 MiB through mmap (fresh, page-faulted memory per call)
-#: taxes its large parse buffers but not the stdlib's small objects: measured 105 vs
-#: 170 ms for the same read.
-DEFAULT_ALLOCATOR_WORKLOADS = ("W4",)
+_BIG_LOADS = ("tlckpt staged", "tlckpt in place", "torch", "safetensors")
+#: Fresh-process probes per group: (kind, op, way, cache). Cold loads, and the peak memory
+#: of saves and loads (the cold probes' memory serves for the loads).
+PROBES: dict[str, list[tuple[str, str, str, str]]] = {
+    "big1": [
+        *(("state", "load", w, "cold") for w in _BIG_LOADS),
+        *(("state", "load", w, "cold") for w in ("raw readinto", "raw preadv x2")),
+        ("state", "load", "raw mmap+copy_", "cold"),
+        *(("state", "save", w, "warm") for w in ("tlckpt", "torch", "safetensors")),
+    ],
+    "big48": [("state", "load", w, "cold") for w in _BIG_LOADS],
+    "small": [
+        *(("state", "load", w, "cold") for w in _BIG_LOADS),
+        ("state", "save", "tlckpt", "warm"),
+    ],
+    "gpt2": [
+        *(("state", "load", w, "cold") for w in _BIG_LOADS),
+        ("optimizer", "load", "tlckpt", "cold"),
+        ("optimizer", "load", "torch", "cold"),
+        ("optimizer", "save", "tlckpt", "warm"),
+    ],
+    "json": [],
+    "inspect": [],
+}
+#: Scratch space the largest group needs at once (512 MiB x four libraries, and margin).
+DISK_NEEDED = {"full": 6 << 30, "quick": 1 << 30}
+TIMEOUT_S = {"full": 900, "quick": 300}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
-    parser.add_argument(
-        "--only",
-        action="append",
-        metavar="PATTERN",
-        help="run only cases matching this glob (repeatable), e.g. 'W1-*' or '*-tlckpt'",
-    )
-    parser.add_argument("--reps", type=int, help="repetitions per operation (all workloads)")
+    parser.add_argument("--only", action="append", choices=sorted(GROUPS), help="a group")
+    parser.add_argument("--reps", type=int, help="repetitions per operation (every group)")
+    parser.add_argument("--no-probes", action="store_true", help="skip fresh-process probes")
     parser.add_argument("--tmp", default="/tmp", help="parent of the scratch folder")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
-    parser.add_argument("--list", action="store_true", help="list the cases and exit")
     return parser.parse_args(argv)
 
 
-def _selected(patterns: list[str] | None) -> list[str]:
-    names = case_names()
-    if not patterns:
-        return names
-    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+def _run(module: str, spec: dict, timeout: int) -> dict:
+    """Run ``python -m module '<spec>'``; its ``BENCH-RESULT`` line, or an error."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, json.dumps(spec)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {**spec, "error": f"timed out after {timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER) :])
+    return {**spec, "error": f"{module} exited {proc.returncode} without a result"}
 
 
 def _read_text(path: str) -> str:
@@ -95,7 +112,7 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
-def _machine(tmp: str) -> dict:
+def _machine() -> dict:
     import numpy
     import orjson
     import safetensors
@@ -117,110 +134,69 @@ def _machine(tmp: str) -> dict:
         ),
         None,
     )
-    status = _git("status", "--porcelain")
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu,
         "cpus": os.cpu_count(),
         "mem_bytes": mem,
-        "tmp_filesystem": _filesystem_of(tmp),
+        "thp": _read_text("/sys/kernel/mm/transparent_hugepage/enabled").strip(),
         "versions": {
             "torch": torch.__version__,
             "numpy": numpy.__version__,
             "safetensors": safetensors.__version__,
             "orjson": orjson.__version__,
+            "transformers": tf_version,
             "torch_threads": torch.get_num_threads(),
         },
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        "git_dirty": bool(_git("status", "--porcelain")),
     }
-
-
-def _filesystem_of(path: str) -> str | None:
-    best, fstype = "", None
-    real = os.path.realpath(path)
-    for line in _read_text("/proc/mounts").splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and real.startswith(parts[1]) and len(parts[1]) > len(best):
-            best, fstype = parts[1], f"{parts[2]} on {parts[0]} ({parts[1]})"
-    return fstype
-
-
-def _run_case(name: str, spec: dict, timeout: int) -> dict:
-    default_allocator = name.split("-", 1)[0] in DEFAULT_ALLOCATOR_WORKLOADS
-    env = {**os.environ} if default_allocator else {**os.environ, **WORKER_ENV}
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.worker", json.dumps(spec)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"case": name, "error": f"timed out after {timeout} s"}
-    wall = time.perf_counter() - t0
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARKER):
-            result = json.loads(line[len(MARKER) :])
-            result["process_wall_s"] = wall
-            return result
-    return {"case": name, "error": f"worker exited {proc.returncode} without a result"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    if args.list:
-        print("\n".join(case_names()))
-        return 0
     mode = "quick" if args.quick else "full"
-    names = _selected(args.only)
-    if not names:
-        print(f"no case matches {args.only}; see --list", file=sys.stderr)
-        return 2
+    groups = args.only or list(GROUPS)
     free = shutil.disk_usage(args.tmp).free
     if free < DISK_NEEDED[mode]:
         print(
-            f"{args.tmp} has {free >> 20} MiB free, {DISK_NEEDED[mode] >> 20} needed",
-            file=sys.stderr,
+            f"{args.tmp}: {free >> 20} MiB free, {DISK_NEEDED[mode] >> 20} needed", file=sys.stderr
         )
         return 2
-
     started = dt.datetime.now()
     t0 = time.perf_counter()
-    load_before = os.getloadavg()
+    loads: list[tuple[float, float, float]] = [os.getloadavg()]
     scratch = tempfile.mkdtemp(prefix="tlckpt-bench-", dir=args.tmp)
-    results = []
+    results: dict[str, dict] = {}
+    probes: list[dict] = []
     try:
-        for k, name in enumerate(names, 1):
-            workload = CASES[name].workload
-            reps = args.reps or REPS[mode][workload]
-            folder = os.path.join(scratch, name)
+        for group in groups:
+            folder = os.path.join(scratch, group)
             os.mkdir(folder)
-            spec = {
-                "case": name,
-                "mode": mode,
-                "reps": reps,
-                "warmup": WARMUP,
-                "folder": folder,
-            }
-            print(f"[{k}/{len(names)}] {name} (reps={reps})", file=sys.stderr, flush=True)
-            result = _run_case(name, spec, CASE_TIMEOUT_S[mode])
+            reps = args.reps or REPS[mode][group]
+            spec = {"group": group, "mode": mode, "reps": reps, "folder": folder}
+            print(f"{group} (reps={reps})", file=sys.stderr, flush=True)
+            results[group] = _run("bench.group", spec, TIMEOUT_S[mode])
+            if "error" in results[group]:
+                print(f"  {group}: {results[group]['error']}", file=sys.stderr, flush=True)
+            elif not args.no_probes:
+                for kind, op, way, cache in PROBES[group]:
+                    probe = {**spec, "kind": kind, "op": op, "way": way, "cache": cache}
+                    print(f"  probe {kind} {op} {way} ({cache})", file=sys.stderr, flush=True)
+                    probes.append(_run("bench.probe", probe, TIMEOUT_S[mode]))
+            loads.append(os.getloadavg())
             shutil.rmtree(folder, ignore_errors=True)
-            if "error" in result:
-                print(f"  {name}: {result['error']}", file=sys.stderr, flush=True)
-            results.append(result)
-        machine = _machine(scratch)
+        machine = _machine()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     wall = time.perf_counter() - t0
-
-    from bench.workloads import SIZES
-
     command = "python -m bench" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
     report = {
         "meta": {
@@ -228,15 +204,13 @@ def main(argv: list[str] | None = None) -> int:
             "mode": mode,
             "command": command,
             "wall_s": wall,
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
+            "loadavg": loads,
             "sizes": SIZES[mode].as_dict(),
-            "reps": {w: args.reps or r for w, r in REPS[mode].items()},
-            "warmup": WARMUP,
-            "worker_env": WORKER_ENV,
+            "reps": {g: args.reps or REPS[mode][g] for g in groups},
             "machine": machine,
         },
-        "cases": results,
+        "groups": results,
+        "probes": probes,
     }
     stem = started.date().isoformat() + ("-quick" if args.quick else "")
     if args.only:
@@ -245,5 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out / f"{stem}.json"
     json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     md_path, png_path = write_reports(report, args.out / stem)
+    print(md_path.read_text(encoding="utf-8").split("\n## Results")[0])
     print(f"wall {wall:.1f} s; wrote {json_path}, {md_path}, {png_path}", file=sys.stderr)
-    return 1 if any("error" in r for r in results) else 0
+    failed = [g for g, r in results.items() if "error" in r] + [
+        p["way"] for p in probes if "error" in p
+    ]
+    return 1 if failed else 0

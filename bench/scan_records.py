@@ -38,6 +38,7 @@ from tlckpt.codec import (
     write_adam,
     write_float32_state,
 )
+from tlckpt.codec.float32_state import write_float32_extents
 
 
 @contextlib.contextmanager
@@ -58,6 +59,27 @@ def _best(fn: Callable[[], object], reps: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def varied_shape(i: int) -> tuple[int, ...]:
+    """Record ``i`` of a file whose every record differs in shape from the one before (and
+    holds no element)."""
+    k = i % 3
+    return (0,) if k == 0 else (1 + i % 5, 0) if k == 1 else (0, 1 + i % 7, 2)
+
+
+def write_many(folder: str | Path, records: int) -> dict[str, str]:
+    """Files of ``records`` empty tensors: alike ``(0,)``, and of changing shapes (the
+    benchmark's ``inspect`` workload). Written through the bulk writer: headers only."""
+    out = {}
+    for label, shapes in (
+        ("alike", [(0,)] * records),
+        ("varied", [varied_shape(i) for i in range(records)]),
+    ):
+        path = os.path.join(folder, f"many-{label}.tlsf32")
+        write_float32_extents(path, shapes, [0] * records, [])
+        out[label] = path
+    return out
 
 
 def _files(folder: Path, records: int, slots: int) -> dict[str, Path]:

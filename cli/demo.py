@@ -3,9 +3,11 @@
 :func:`training_demo` (the default command) trains a small model — an embedding tied to the
 output projection, a frozen layer, BatchNorm and counter-driven dropout — with AdamW on
 synthetic data; checkpoints the model (``TLSF32B`` and exact-bits JSON) and the optimizer
-(``TLADAMF`` v4, holding the run's random counter) at step ``STEPS_BEFORE`` and keeps
-training; then builds *fresh* objects with a different initialisation, loads the files,
-trains the same number of steps and compares everything with ``torch.equal``.
+(``TLADAMF`` v4, holding the run's random counter) at step ``STEPS_BEFORE``, and saves the
+same state as a checkpoint set in the background (``CheckpointManager.save(...,
+blocking=False)``), and keeps training; then builds *fresh* objects with a different
+initialisation, loads the files (or restores the set in one call), trains the same number of
+steps and compares everything with ``torch.equal``.
 
 The run's randomness is counter-based: step ``k`` draws its batch and dropout mask from a
 generator seeded with ``(SEED, k)``, so the counter alone (a u64 the optimizer checkpoint
@@ -186,12 +188,19 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
         version = runtime.save_optimizer(
             optimizer, model, files["optimizer"], random_counter=counter
         )
+        manager = runtime.CheckpointManager(root / "sets")
+        handle = manager.save(
+            STEPS_BEFORE, model=model, optimizer=optimizer, random_counter=counter, blocking=False
+        )
         checkpointed = {k: v.detach().clone() for k, v in model.state_dict().items()}
         say(f"trained {STEPS_BEFORE} steps; checkpoint written at random counter {counter}:")
         say(f"  {files['model'].name:<18} model state, TLSF32B")
         say(f"  {files['bits'].name:<18} model state, exact-bits JSON")
         say(f"  {files['optimizer'].name:<18} optimizer state, TLADAMF v{version}")
         end_counter, losses_after = _train(model, optimizer, counter, STEPS_AFTER)
+        set_folder = handle.wait()  # written in the background while the run went on
+        say(f"  sets/{set_folder.name}/  the whole training state as one checkpoint set,")
+        say("           saved in the background while training went on (manifest of digests)")
         say(f"the uninterrupted run trained {STEPS_AFTER} more steps (counter {end_counter}).")
         say()
 
@@ -202,19 +211,29 @@ def training_demo(out: TextIO, folder: str | os.PathLike | None = None) -> bool:
 
         # The resumed runs: fresh objects, initialised differently, so every value that
         # matches later came from the files.
+        def from_files(loader: Any, path: Path) -> Any:
+            def load(fresh: Any, fresh_optimizer: Any) -> int:
+                loader(fresh, path)
+                return runtime.load_optimizer(
+                    fresh_optimizer, fresh, files["optimizer"], restore_random_counter=True
+                )
+
+            return load
+
+        def from_set(fresh: Any, fresh_optimizer: Any) -> int:
+            return manager.restore(model=fresh, optimizer=fresh_optimizer).random_counter
+
         runs = []
-        for name, loader, path, init in (
-            ("TLSF32B", runtime.load_module_state, files["model"], INIT_SEED + 1),
-            ("JSON", runtime.load_state_bits, files["bits"], INIT_SEED + 2),
+        for name, load, init in (
+            ("TLSF32B", from_files(runtime.load_module_state, files["model"]), INIT_SEED + 1),
+            ("JSON", from_files(runtime.load_state_bits, files["bits"]), INIT_SEED + 2),
+            ("set", from_set, INIT_SEED + 4),
         ):
             fresh, fresh_optimizer = _build(init)
             differed = not all(
                 torch.equal(t, checkpointed[k]) for k, t in fresh.state_dict().items()
             )
-            loader(fresh, path)
-            restored = runtime.load_optimizer(
-                fresh_optimizer, fresh, files["optimizer"], restore_random_counter=True
-            )
+            restored = load(fresh, fresh_optimizer)
             final, losses = _train(fresh, fresh_optimizer, restored, STEPS_AFTER)
             runs.append(_Resumed(name, differed, restored, fresh, fresh_optimizer, final, losses))
 

@@ -7,6 +7,8 @@ Commands (no command at all runs ``demo``)::
     tlckpt convert SRC DST [--to FORMAT] [--dtype ENCODING] [--names-from FILE] [--compact]
                    [--max-json-bytes SIZE]
     tlckpt demo [--codec] [--keep DIR]
+    tlckpt ls DIR
+    tlckpt verify PATH
 
 Exit status: 0 success; 1 the file was rejected or the command failed (one line on stderr
 naming the error class, the file, the byte offset or field, and the file vs expected values —
@@ -29,6 +31,7 @@ from ..optional import MissingDependencyError, require
 from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
 from .describe import describe, summarize
 from .file_formats import POSITIONAL_FAMILIES
+from .sets import list_sets, verify_set
 from .validation import load_destination, validate
 
 __all__ = ["main", "build_parser"]
@@ -140,6 +143,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         f"{args.src} ({result['source']}) -> {args.dst} ({result['target']}{encoding}):"
         f" {result['tensors']} tensor(s), exact{names}"
     )
+    return EXIT_OK
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    print(list_sets(args.dir))
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        print(verify_set(args.path))
+    except CheckpointError as exc:
+        raise exc.with_path(args.path) from None
     return EXIT_OK
 
 
@@ -263,6 +279,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--codec", action="store_true", help="the numpy-only codec demo instead")
     p.add_argument("--keep", metavar="DIR", help="write the files to DIR and keep them")
+
+    _command(
+        sub,
+        "ls",
+        _cmd_ls,
+        "list the checkpoint sets of a directory: steps, sizes, verified or why not",
+        "List every checkpoint set folder (step-<20 digits>) of DIR, oldest first, with its"
+        " size and whether every member has the size and digest its manifest records (else"
+        " the member and the check that failed); count leftovers of interrupted saves.",
+        [("dir", "the directory of a CheckpointManager")],
+    )
+    _command(
+        sub,
+        "verify",
+        _cmd_verify,
+        "exit 0 if a checkpoint set verifies completely, 1 if not",
+        "Check one checkpoint set: its manifest, every member's presence, size and xxh3_128"
+        " digest, the training-state document, and every member's structure.",
+        [("path", "a checkpoint set folder")],
+    )
     return parser
 
 

@@ -7,6 +7,7 @@ Errors are re-exported here and from :mod:`tlckpt`.
 from . import adam_family, model_state_families, tlckpt_optimizer_family  # noqa: F401
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
 from .atomic import atomic_output, clean_temporaries, is_temporary
+from .checkpoint_set import SkippedCheckpointWarning, verify_checkpoint
 from .config import AdamConfig, AdamKind, MomentDtype
 from .errors import (
     CheckpointError,
@@ -14,6 +15,7 @@ from .errors import (
     EntryError,
     FileChangedError,
     FileTooLargeError,
+    IntegrityError,
     MalformedError,
     PartialLoadError,
     SchemaMismatchError,
@@ -47,6 +49,7 @@ __all__ = [
     "EntryError",
     "FileChangedError",
     "FileTooLargeError",
+    "IntegrityError",
     "MalformedError",
     "MomentDtype",
     "OptimizerCheckpoint",
@@ -56,6 +59,7 @@ __all__ = [
     "PartialLoadError",
     "PayloadSink",
     "SchemaMismatchError",
+    "SkippedCheckpointWarning",
     "TrailingDataError",
     "TruncatedError",
     "UnsupportedFormatError",
@@ -74,6 +78,7 @@ __all__ = [
     "scan_optimizer_state",
     "sniff_family",
     "validate_float32_state",
+    "verify_checkpoint",
     "write_adam",
     "write_float32_state",
     "write_optimizer_state",

@@ -148,8 +148,7 @@ class _AdamReader(OptimizerReader):
                 return False
             seen.add(slot)
         sizes = self.payload_bytes
-        nbytes = sum(n * dtype.itemsize for _, _, n, dtype in batch.payloads)
-        for slot, step in zip(ids, steps):
+        for slot, step, nbytes in zip(ids, steps, batch.payload_bytes()):
             entries[slot] = AdamEntry(step, None, None)
             sizes[slot] = nbytes
         return True

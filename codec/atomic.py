@@ -43,8 +43,11 @@ __all__ = [
     "TEMP_SUFFIX",
     "atomic_output",
     "clean_temporaries",
+    "fsync_folder",
     "is_temporary",
+    "is_library_temporary",
     "output",
+    "temporary_name",
     "temporary_prefix",
 ]
 
@@ -111,6 +114,18 @@ def _random_part() -> str:
     return "".join(_RANDOM_CHARS[b % len(_RANDOM_CHARS)] for b in data)
 
 
+def temporary_name(prefix: str) -> str:
+    """A fresh temporary name for a destination whose temporaries start with ``prefix``
+    (:func:`temporary_prefix`): ``prefix``, 8 random characters, ``.tmp``."""
+    return f"{prefix}{_random_part()}{TEMP_SUFFIX}"
+
+
+def is_library_temporary(name: str) -> bool:
+    """Whether ``name`` is exactly as this library names temporaries (what a cleaner may
+    remove; :func:`is_temporary` recognises more)."""
+    return _OURS.fullmatch(name) is not None
+
+
 def _same_file(path: str, fd: int) -> bool:
     try:
         st = os.stat(path, follow_symlinks=False)
@@ -142,6 +157,12 @@ def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
             raise
         os.close(fd)
     raise FileExistsError(errno.EEXIST, "no unused temporary name", os.path.join(folder, prefix))
+
+
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """``fsync`` a folder, so that the creations, renames and removals of its entries
+    survive a power cut."""
+    _fsync_dir(os.fspath(folder))
 
 
 def _fsync_dir(folder: str) -> None:

@@ -29,7 +29,7 @@ costs no more reading than seeking from header to header would).
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,16 @@ from construct.core import evaluate
 from .plan import Nested, PayloadStep, Records, Run, checks_pass, child_context
 from .source import Source
 
-__all__ = ["CHUNK_BYTES", "MAX_STRIDE", "RecordBatch", "ChunkWindow", "batchable", "scan_batch"]
+__all__ = [
+    "CHUNK_BYTES",
+    "MAX_STRIDE",
+    "RecordBatch",
+    "RecordLayout",
+    "ChunkWindow",
+    "decode_layout",
+    "batchable",
+    "scan_batch",
+]
 
 #: Bytes of the file read into memory at once while scanning a run of records.
 CHUNK_BYTES = 1 << 20
@@ -51,18 +60,27 @@ MAX_STRIDE = 4096
 
 @dataclass(frozen=True)
 class RecordBatch:
-    """``count`` consecutive records of one array, laid out alike, whose payloads were skipped.
+    """``count`` consecutive records of one array whose payloads were skipped.
+
+    Either laid out alike (``stride`` bytes each, fields split into ``constants`` and
+    ``columns``), or — ``stride == 0`` — each decoded on its own by
+    :func:`~.header_scan.scan_decoded` (``layouts``: the distinct record layouts met,
+    ``kinds``: each record's index in ``layouts``, ``starts``: each record's position).
 
     Attributes:
         first: index of the first record in the array.
         count: number of records.
         offset: byte position of the first record.
-        stride: bytes per record (every record of the batch has the same size).
+        stride: bytes per record when every record of the batch has the same size, else 0.
         constants: header fields with one value for the whole batch (the checked ones and
             those any count or check depends on), as the walker would decode them.
         columns: the other header fields: one numpy value per record (a row of ``n`` values
             for an array field). Read-only views of the scanned chunk: copy what you keep.
-        payloads: ``(field, offset in the record, element count, dtype)`` per payload.
+        payloads: ``(field, offset in the record, element count, dtype)`` per payload (of
+            the first record, for a batch of records decoded one by one).
+        layouts: the distinct decoded headers (records decoded one by one), else ``None``.
+        kinds: each record's index in ``layouts`` (records decoded one by one), else ``None``.
+        starts: each record's absolute position (records decoded one by one), else ``None``.
     """
 
     first: int
@@ -72,19 +90,47 @@ class RecordBatch:
     constants: Mapping[str, Any]
     columns: Mapping[str, np.ndarray]
     payloads: tuple[tuple[str, int, int, np.dtype], ...]
+    layouts: tuple[RecordLayout, ...] | None = None
+    kinds: np.ndarray | None = None
+    starts: np.ndarray | None = None
 
-    def values(self, name: str) -> list[Any]:
-        """Field ``name`` of every record, as Python values (arrays as lists)."""
+    def values(self, name: str, convert: Callable[[Any], Any] | None = None) -> list[Any]:
+        """Field ``name`` of every record, as Python values (arrays as lists), each passed
+        through ``convert`` if given (once per distinct value where records share one)."""
+        if self.layouts is not None and self.kinds is not None:
+            per = [row.values[name] for row in self.layouts]
+            return _expand([convert(v) for v in per] if convert else per, self.kinds)
         if name in self.columns:
-            return self.columns[name].tolist()
-        return [self.constants[name]] * self.count
+            got = self.columns[name].tolist()
+            return list(map(convert, got)) if convert else got
+        value = self.constants[name]
+        return [convert(value) if convert else value] * self.count
 
     def payload_offsets(self, name: str) -> np.ndarray:
         """Absolute byte position of payload ``name`` in every record."""
+        if self.layouts is not None and self.kinds is not None and self.starts is not None:
+            at = np.array([row.payload_at(name) for row in self.layouts], dtype=np.int64)
+            return self.starts + at[self.kinds]
         for field, at, _count, _dtype in self.payloads:
             if field == name:
                 return self.offset + at + self.stride * np.arange(self.count, dtype=np.int64)
         raise KeyError(name)
+
+    def payload_bytes(self) -> list[int]:
+        """The bytes of every record's payloads together, as the spec sizes them."""
+        if self.layouts is not None and self.kinds is not None:
+            per = np.array([row.payload_bytes for row in self.layouts], dtype=np.int64)
+            return per[self.kinds].tolist()
+        nbytes = sum(n * dtype.itemsize for _, _, n, dtype in self.payloads)
+        return [nbytes] * self.count
+
+
+def _expand(per: list[Any], kinds: np.ndarray) -> list[Any]:
+    """``[per[k] for k in kinds]``, by one numpy gather (the values are shared, not copied)."""
+    table = np.empty(len(per), dtype=object)
+    for k, value in enumerate(per):  # element by element: lists must stay single objects
+        table[k] = value
+    return table[kinds].tolist()
 
 
 class _Reads(Container):
@@ -138,14 +184,23 @@ class _Field:
 
 
 @dataclass(frozen=True)
-class _Row:
-    """The layout the first record of a run sets for the rest."""
+class RecordLayout:
+    """A decoded record header: the layout the first record of a run sets for the rest."""
 
     stride: int
     fields: tuple[_Field, ...]
     values: dict[str, Any]
     bound: frozenset[str]
     payloads: tuple[tuple[str, int, int, np.dtype], ...]
+    header: int = 0  # bytes before the first payload
+    payload_bytes: int = 0
+
+    def payload_at(self, name: str) -> int:
+        """Where payload ``name`` starts in the record."""
+        for field, at, _count, _dtype in self.payloads:
+            if field == name:
+                return at
+        raise KeyError(name)
 
 
 def _numpy_format(order: str, code: str) -> Any:
@@ -173,7 +228,9 @@ def _count(value: Any) -> int | None:
     return value
 
 
-def _first_row(step: Records, buf: bytes, p: int, parent: Container, index: int) -> _Row | None:
+def decode_layout(
+    step: Records, buf: bytes, p: int, parent: Container, index: int
+) -> RecordLayout | None:
     """Decode and check the record at ``buf[p:]`` as the walker would; ``None`` whenever the
     walker might decide anything differently for it or for records like it."""
     item = step.item
@@ -248,7 +305,10 @@ def _first_row(step: Records, buf: bytes, p: int, parent: Container, index: int)
     ):
         return None
     bound = frozenset({f.name for f in fields if f.checked and f.name} | (depends & names))
-    return _Row(pos - p, tuple(fields), values, bound, tuple(payloads))
+    header = sum(f.size for f in fields)
+    return RecordLayout(
+        pos - p, tuple(fields), values, bound, tuple(payloads), header, pos - p - header
+    )
 
 
 class ChunkWindow:
@@ -304,7 +364,7 @@ def scan_batch(
     """
     pos = window.src.pos
     buf, p = window.view(pos, MAX_STRIDE)
-    row = _first_row(step, buf, p, parent, first)
+    row = decode_layout(step, buf, p, parent, first)
     if row is None or row.stride > MAX_STRIDE:
         return None
     stride = row.stride

@@ -31,6 +31,7 @@ __all__ = [
     "FileTooLargeError",
     "FileChangedError",
     "PartialLoadError",
+    "IntegrityError",
     "ERROR_OF_CATEGORY",
     "error_for_category",
     "differs",
@@ -149,6 +150,20 @@ class PartialLoadError(CheckpointError):
     def total(self) -> Any:
         """How many tensors the load was to write (``expected``)."""
         return self.expected
+
+
+class IntegrityError(CheckpointError):
+    """A member of a checkpoint set is missing, or its bytes are not those its manifest
+    records (size or digest): a flipped bit, a truncated, extended or replaced file.
+
+    ``field`` names the member (``members.model``); ``check`` says which check failed
+    (``"present"``, ``"size"`` or ``"digest"``; ``"manifest digest"`` when the manifest's own
+    digest differs); ``actual`` and ``expected`` are the values.
+    """
+
+    def __init__(self, message: str, *, check: str | None = None, **kwargs: Any):
+        self.check = check
+        super().__init__(message, **kwargs)
 
 
 #: What each kind of broken rule raises: the categories of the spec checks

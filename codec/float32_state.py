@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -26,15 +27,22 @@ from .errors import (
 )
 from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
+from .plan import fast_path
 from .schema_check import check_shape_field
 from .source import FileStamp, PathOrFile, open_source
+from .staging import same_bytes
+from .state_template import check_headers, record_values, template_for
+from .transfer import Extents, GatherBatch, address_of, read_extents, write_gather
 from .walker import Path, Visitor, field_name, parse
 
 __all__ = [
     "write_float32_state",
+    "write_float32_extents",
     "read_float32_state",
     "validate_float32_state",
     "read_float32_payloads",
+    "read_float32_extents",
+    "float32_payloads_equal",
     "StateLayout",
     "scan_float32_state",
     "scan_float32_sizes",
@@ -82,10 +90,9 @@ class _StateReader(Visitor):
         if "dims" in batch.constants:
             self.found.extend([tuple(batch.constants["dims"])] * batch.count)
         else:
-            self.found.extend(map(tuple, batch.values("dims")))
+            self.found.extend(batch.values("dims", tuple))
         self.offsets.extend(batch.payload_offsets("payload").tolist())
-        nbytes = sum(n * dtype.itemsize for _, _, n, dtype in batch.payloads)
-        self.sizes.extend([nbytes] * batch.count)
+        self.sizes.extend(batch.payload_bytes())
         return True
 
     def record_template(self, path: Path, index: int) -> dict[str, Any] | None:
@@ -94,8 +101,7 @@ class _StateReader(Visitor):
         shape = self.shapes[index]
         known = self.templates.get(shape)
         if known is None:
-            known = {"rank": len(shape), "dims": shape, "element_count": product(shape)}
-            self.templates[shape] = known
+            known = self.templates[shape] = record_values(shape)
         return known
 
     def payload_buffer(
@@ -168,11 +174,45 @@ class StateLayout:
         offsets: each payload's absolute byte position in the file object that was checked.
         stamp: the file's stamp taken before the check read its first byte; the payload
             pass verifies the file still matches it.
+        sizes: each payload's size in bytes.
     """
 
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
     stamp: FileStamp
+    sizes: tuple[int, ...] = ()
+
+    @functools.cached_property
+    def offset_array(self) -> np.ndarray:
+        """:attr:`offsets` as an int64 array."""
+        return np.asarray(self.offsets, dtype=np.int64)
+
+    @functools.cached_property
+    def size_array(self) -> np.ndarray:
+        """:attr:`sizes` as an int64 array."""
+        return np.asarray(self.sizes, dtype=np.int64)
+
+
+def _validate_by_template(path: PathOrFile, shapes: list[tuple[int, ...]]) -> StateLayout | None:
+    """The layout of a file that holds exactly the header bytes the destination's template
+    expects (see :mod:`.state_template`); ``None`` when it does not (or the spec cannot be
+    templated): the walker then says what is wrong."""
+    template = template_for(shapes)
+    if template is None:
+        return None
+    with open_source(path) as src:
+        if not check_headers(src, template):
+            return None
+    offsets = template.payload_offsets + src.start
+    layout = StateLayout(
+        template.shapes,
+        tuple(offsets.tolist()),
+        src.stamp,
+        tuple(template.payload_lengths.tolist()),
+    )
+    layout.__dict__["offset_array"] = offsets  # what the cached properties would compute
+    layout.__dict__["size_array"] = template.payload_lengths
+    return layout
 
 
 @names_the_file()
@@ -180,7 +220,9 @@ def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) ->
     """Check a whole ``TLSF32B`` file against ``shapes`` without copying any payload.
 
     The first pass of a two-pass load: every header, size and the end of the file are
-    checked; payload bytes are skipped with a seek.
+    checked; payload bytes are skipped. The header bytes are first compared with the
+    template the destination's shapes give (all at once); a file that differs is walked
+    field by field, which raises the exact error.
 
     Returns:
         The payloads' positions, for :func:`read_float32_payloads` on the same open file.
@@ -190,8 +232,14 @@ def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) ->
             :class:`FileChangedError` if the file changed while it was checked.
         OSError: from the file system.
     """
-    reader, stamp = _read(path, shapes, None, skip=True)
-    return StateLayout(tuple(reader.found), tuple(reader.offsets), stamp)
+    # Tuples (torch.Size among them) are taken as they are: their dims are ints already.
+    expected = [s if isinstance(s, tuple) else tuple(map(int, s)) for s in shapes]
+    if fast_path():
+        layout = _validate_by_template(path, expected)
+        if layout is not None:
+            return layout
+    reader, stamp = _read(path, expected, None, skip=True)
+    return StateLayout(tuple(reader.found), tuple(reader.offsets), stamp, tuple(reader.sizes))
 
 
 def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink) -> None:
@@ -220,6 +268,70 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
             src.seek(offset)
             src.readinto(buffer, (*TENSORS, index, "payload"))
             sink.done(index, "payload", buffer)
+
+
+def read_float32_extents(
+    file: BinaryIO,
+    layout: StateLayout,
+    records: Sequence[int],
+    addresses: Sequence[int],
+    owners: list[Any],
+    progress: Any = None,
+) -> None:
+    """The second pass of a two-pass load, in bulk: the payloads of ``records`` straight
+    into memory, by address, with a few vectored reads (:func:`~.transfer.read_extents`).
+
+    Args:
+        file: the file object :func:`validate_float32_state` checked.
+        layout: what it found.
+        records: the tensors to read, in increasing order.
+        addresses: where each one's payload goes (its :attr:`StateLayout.sizes` bytes).
+        owners: the objects owning that memory (held until the reads are done).
+        progress: passed on to :func:`~.transfer.read_extents`.
+
+    Raises:
+        FileChangedError: the file changed since the first pass began (found before the
+            first byte is read into memory, or after the last).
+        TruncatedError: the file shrank under this pass.
+        OSError: from the file system.
+    """
+    index = np.asarray(records, dtype=np.int64)
+    offsets = layout.offset_array[index]
+    sizes = layout.size_array[index]
+    extents = Extents.build(addresses, sizes, offsets, owners)
+    with open_source(file, since=layout.stamp) as src:
+        read_extents(src.file, extents, (*TENSORS, "payload"), progress)
+
+
+#: Bytes of each payload read at once by :func:`float32_payloads_equal`.
+_COMPARE_READ_BYTES = 4 << 20
+
+
+def float32_payloads_equal(file: BinaryIO, layout: StateLayout, first: int, second: int) -> bool:
+    """Whether the payloads of records ``first`` < ``second`` of a checked file hold the same
+    bytes, read a chunk of each at a time (two buffers of 4 MiB at most, whatever the size).
+
+    Raises:
+        FileChangedError: the file changed since the first pass began.
+        TruncatedError: the file shrank under this pass.
+        OSError: from the file system.
+    """
+    size = int(layout.sizes[first])
+    if size != int(layout.sizes[second]):
+        return False
+    a = np.empty(min(size, _COMPARE_READ_BYTES), dtype=np.uint8)
+    b = np.empty_like(a)
+    where = (layout.offsets[first], layout.offsets[second])
+    with open_source(file, since=layout.stamp) as src:
+        for at in range(0, size, len(a)):
+            n = min(len(a), size - at)
+            extents = Extents.build(
+                [address_of(a), address_of(b)], [n, n], [where[0] + at, where[1] + at], [a, b]
+            )
+            read_extents(src.file, extents, (*TENSORS, "payload"))
+            if not same_bytes(a[:n], b[:n]):
+                return False
+    return True
 
 
 @names_the_file()
@@ -289,3 +401,49 @@ def write_float32_state(
         raise UnsupportedFormatError(f"TLSF32B v{WRITTEN_VERSION} is not registered")
     with output(path) as f:
         build_spec(f, spec.struct, {"tensor_count": count, "tensors": _records(arrays)})
+
+
+@names_the_file()
+def write_float32_extents(
+    path: PathOrFile,
+    shapes: Sequence[tuple[int, ...]],
+    addresses: Sequence[int],
+    owners: list[Any],
+) -> None:
+    """Write a ``TLSF32B`` v1 file whose payloads are given as memory, by address.
+
+    The headers come from the destination template of ``shapes`` (cached per layout: the
+    same bytes :func:`write_float32_state` writes); headers and payloads go to the output
+    as one vectored write (:func:`~.transfer.write_gather`: a ``writev`` per
+    :data:`~.transfer.IOV_MAX` pieces for a plain file), so a model of many small tensors
+    costs no Python per tensor here.
+
+    Args:
+        path: destination path (written atomically), or a binary file object.
+        shapes: each tensor's shape, in state order.
+        addresses: where each tensor's float32 little-endian values lie in memory: exactly
+            ``product(shape) * 4`` bytes of memory that ``owners`` keep alive (the caller
+            vouches for it: a tensor's ``data_ptr()`` for that tensor's own shape).
+        owners: the objects owning that memory.
+
+    Raises:
+        CheckpointError: as many addresses as shapes are needed; nothing is written.
+        OSError: from the file system.
+    """
+    template = template_for([s if isinstance(s, tuple) else tuple(map(int, s)) for s in shapes])
+    if template is None:  # pragma: no cover - the shipped spec always has a template
+        raise CheckpointError("TLSF32B headers cannot be derived for these shapes")
+    n = len(template.payload_lengths)
+    if len(addresses) != n:
+        raise CheckpointError(f"{len(addresses)} payloads for {n} shapes", field="tensors")
+    headers = np.frombuffer(template.headers, dtype=np.uint8)
+    regions = len(template.header_lengths)
+    pieces = np.zeros(2 * regions, dtype=np.uint64)
+    pieces[0::2] = address_of(headers) + template.header_starts().astype(np.uint64)
+    pieces[1 : 2 * n : 2] = addresses
+    lengths = np.zeros(2 * regions, dtype=np.uint64)
+    lengths[0::2] = template.header_lengths
+    lengths[1 : 2 * n : 2] = template.payload_lengths
+    batch = GatherBatch(Extents(pieces, lengths, None, [headers, owners]))
+    with output(path) as f, gc_paused():
+        write_gather(f, batch)

@@ -61,6 +61,7 @@ __all__ = [
     "WORD_ALLOWANCE",
     "check_start",
     "duplicate_key_error",
+    "duplicate_key_anywhere",
     "keys_counted_once",
     "largest_document",
     "read_document",
@@ -311,3 +312,34 @@ def _duplicate(key: str, frame: list[Any], stack: list[list[Any]], document: Any
         actual=f"{key} twice",
         expected="each key once",
     )
+
+
+def duplicate_key_anywhere(data: bytes | bytearray) -> str | None:
+    """The first key that some object of the valid JSON text ``data`` holds twice, or
+    ``None``.
+
+    For documents every key of which means something (a checkpoint set's manifest and
+    training state), where :func:`duplicate_key_error`'s per-role view does not apply. Keys
+    are compared as JSON strings (``"\\u0073tep"`` is ``step``); one pass over the string
+    and bracket tokens.
+    """
+    stack: list[set[str] | None] = []  # the keys seen by each open object (None: an array)
+    for match in _TOKEN.finditer(data):
+        literal = match.group(1)
+        if literal is not None:
+            if match.group(2) is None:
+                continue  # a string value
+            keys = stack[-1]
+            if keys is None:  # pragma: no cover - valid JSON has no key inside an array
+                continue
+            key = orjson.loads(literal) if b"\\" in literal else literal[1:-1].decode()
+            if key in keys:
+                return key
+            keys.add(key)
+            continue
+        bracket = match.group()
+        if bracket in (b"]", b"}"):
+            stack.pop()
+        else:
+            stack.append(set() if bracket == b"{" else None)
+    return None

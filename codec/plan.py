@@ -341,8 +341,9 @@ def _compile_field(name: str | None, sc: Construct) -> Any:
 
 def header_format(steps: tuple, values: dict[str, Any]) -> tuple[str, list[Any]]:
     """Struct format and flat values of a record header (the leading run/array steps) with
-    the given field ``values``: lets a reader that knows what a header must be compare
-    bytes instead of decoding fields. Raises ``KeyError``/``TypeError`` if values are missing.
+    the given field ``values`` (constant fields need none): lets a reader that knows what a
+    header must be compare bytes instead of decoding fields. Raises ``KeyError``/``TypeError``
+    if values are missing.
     """
     fmt = ["<"]
     flat: list[Any] = []
@@ -350,10 +351,9 @@ def header_format(steps: tuple, values: dict[str, Any]) -> tuple[str, list[Any]]
         if isinstance(step, Run):
             fmt.append(step.codec.format[1:])
             for name, checks in zip(step.names, step.checks):
-                if name is None:
-                    flat.append(next(arg for kind, arg in checks if kind is CheckKind.CONST))
-                else:
-                    flat.append(values[name])
+                # A constant field (the magic, the version) has one possible value.
+                const = [arg for kind, arg in checks if kind is CheckKind.CONST]
+                flat.append(const[0] if const else values[name])
         elif isinstance(step, U64Array):
             items = list(values[step.name])
             fmt.append(f"{len(items)}{step.code}")

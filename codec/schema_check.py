@@ -147,7 +147,7 @@ class SchemaVisitorMixin:
         if "dims" in batch.constants:
             shapes = [tuple(batch.constants["dims"])] * count
         else:
-            shapes = list(map(tuple, batch.values("dims")))
+            shapes = batch.values("dims", tuple)
         grads = [bool(g) for g in batch.values("requires_grad")]
         expected = self.expected
         if expected is not None and (

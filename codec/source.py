@@ -25,12 +25,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from .errors import CheckpointError, FileChangedError, FileTooLargeError, TruncatedError
 from .paths import field_name
+from .transfer import PARALLEL_MIN_BYTES, Extents, address_of, plain_fd, read_extents
 
 __all__ = ["FileStamp", "Source", "open_source", "PathOrFile"]
 
 PathOrFile = str | os.PathLike | BinaryIO
+
+#: Payloads from this size on are read in parallel chunks (:mod:`.transfer`).
+BULK_READ_MIN = PARALLEL_MIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -162,13 +168,23 @@ class Source:
         return data
 
     def readinto(self, buffer: Any, what: Any) -> None:
-        """Fill ``buffer`` (any writable C-contiguous buffer) from the file, no copies."""
+        """Fill ``buffer`` (any writable C-contiguous buffer) from the file, no copies.
+
+        A large buffer of a plain OS file is read by positional reads on a few threads
+        (:func:`~.transfer.read_extents`)."""
         view = memoryview(buffer)
         total = view.nbytes
         self.need(total, what)
         if total == 0:  # zero-size tensors: nothing to read (and cast() refuses 0 dims)
             return
         view = view.cast("B")
+        if total >= BULK_READ_MIN and plain_fd(self.file) is not None:
+            array = np.frombuffer(view, dtype=np.uint8)
+            extents = Extents.build([address_of(array)], [total], [self.pos], [array])
+            read_extents(self.file, extents, what)
+            self.pos += total
+            self.file.seek(self.pos)
+            return
         got = 0
         while got < total:
             n = self.file.readinto(view[got:])

@@ -35,6 +35,7 @@ from .batches import ChunkWindow, RecordBatch, batchable, scan_batch
 from .builder import build
 from .errors import CheckpointError, MalformedError, from_construct
 from .gcpause import gc_paused
+from .header_scan import Headers, scan_decoded
 from .paths import Path, field_name
 from .plan import (
     Branch,
@@ -152,6 +153,13 @@ class Visitor(VisitorProtocol):
         a record that breaks a rule.
         """
         return False
+
+
+def _batch_end(batch: RecordBatch) -> int:
+    """The position right after a batch's last record."""
+    if batch.layouts is not None and batch.kinds is not None and batch.starts is not None:
+        return int(batch.starts[-1]) + batch.layouts[batch.kinds[-1]].stride
+    return batch.offset + batch.count * batch.stride
 
 
 def _count(value: Any, path: Path, offset: int) -> int:
@@ -323,18 +331,23 @@ class _Parser:
         is walked as usual, so errors are those of the record-at-a-time path."""
         src, visitor = self.src, self.visitor
         window = ChunkWindow(src)
+        headers = Headers()
         i = pause = misses = 0
         while i < count:
             if not pause:
                 start = src.pos
                 batch = scan_batch(window, step, ctx, i, count - i)
+                if batch is None or batch.count < MIN_BATCH:
+                    # No run of alike records here: records decoded one by one, from the
+                    # chunk, most of them found by their header bytes.
+                    batch = scan_decoded(window, step, ctx, i, count - i, headers) or batch
                 src.seek(start)
                 if (
                     batch is not None
                     and batch.count >= MIN_BATCH
                     and visitor.on_records(path, batch)
                 ):
-                    src.seek(start + batch.count * batch.stride)
+                    src.seek(_batch_end(batch))
                     i += batch.count
                     misses = 0
                     continue

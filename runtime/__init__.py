@@ -5,6 +5,9 @@
 * :func:`save_state_bits` / :func:`load_state_bits` — any float dtype as exact-bits JSON.
 * :func:`save_optimizer` / :func:`load_optimizer` — Adam/AdamW state as ``TLADAMF`` when it
   fits TorchLean's versions, else as tlckpt's own ``TLCKOPT`` family.
+* :class:`CheckpointManager`, :func:`save_checkpoint` / :func:`load_checkpoint` — a whole
+  training state (model, optimizer, scheduler, hyperparameters, random states) as one
+  verified checkpoint set (:mod:`.checkpoint_sets`, :mod:`.checkpoint_manager`).
 
 Loads are all or nothing: the file is read and checked completely, and found unchanged,
 before anything live changes, and Ctrl-C is held back while live state is written. The one
@@ -31,6 +34,11 @@ from ..runtime_names import RUNTIME_NAMES
 # Before anything below imports torch: without it, one message that says what to install.
 require("torch", "tlckpt.runtime (torch models and optimizers)")
 
+from .checkpoint_manager import CheckpointManager as CheckpointManager  # noqa: E402
+from .checkpoint_manager import SaveHandle as SaveHandle  # noqa: E402
+from .checkpoint_sets import Restored as Restored  # noqa: E402
+from .checkpoint_sets import load_checkpoint as load_checkpoint  # noqa: E402
+from .checkpoint_sets import save_checkpoint as save_checkpoint  # noqa: E402
 from .module_state import load_module_state as load_module_state  # noqa: E402
 from .module_state import load_state_bits as load_state_bits  # noqa: E402
 from .module_state import save_module_state as save_module_state  # noqa: E402

@@ -7,17 +7,21 @@ Saving writes one tensor at a time; device tensors pass through one reusable (pi
 buffer. Loading opens the file once for every pass. The first checks the whole file (tensor
 count, every shape, sizes, the end of file) without reading a payload. Then either:
 
-* staged (the default; always, when sharded): every payload is read into new memory through
-  the placement's :class:`~.placement.Receiver`, where integer tensors' values are checked to
-  convert exactly and the copies of a tied tensor to agree; the file is checked not to have
-  changed since the first pass began; the plan's commit copies every value into its live
-  tensor;
+* staged (the default; always, when sharded): every payload is read into new memory, where
+  integer tensors' values are checked to convert exactly and the copies of a tied tensor to
+  agree; the file is checked not to have changed since the first pass began; the plan's
+  commit copies every value into its live tensor. Locally, all payloads land in one
+  staging buffer with a few vectored reads (:func:`read_extents`) and the commit copies
+  plain tensors' bytes in one batch; sharded, each payload goes through the placement's
+  :class:`~.placement.Receiver` (:func:`read_payloads`);
 * in place (local only): a checking pass reads what the first could not check (integer
-  tensors, tied copies); the plan's commit is the copying pass, which reads each payload
-  straight into its live tensor, and reports a file that changes or fails to read under it
-  as a :class:`~tlckpt.codec.errors.PartialLoadError`.
+  tensors, tied copies); the plan's commit is the copying pass, which reads the payloads
+  straight into their live tensors (plain ones in bulk), and reports a file that changes
+  or fails to read under it as a :class:`~tlckpt.codec.errors.PartialLoadError`.
 
-Every payload pass goes through :func:`read_payloads`.
+A *plain* tensor is a contiguous CPU float32 tensor that is not a lazily negated view: its
+memory holds exactly the file's bytes, so payloads are moved by address, without a Python
+object per tensor.
 """
 
 from __future__ import annotations
@@ -34,11 +38,16 @@ from torch.autograd.graph import increment_version
 from ..codec.errors import CheckpointError, PartialLoadError
 from ..codec.float32_state import (
     StateLayout,
+    float32_payloads_equal,
+    read_float32_extents,
     read_float32_payloads,
     validate_float32_state,
+    write_float32_extents,
     write_float32_state,
 )
 from ..codec.source import PathOrFile
+from ..codec.staging import fresh_bytes, same_bytes
+from ..codec.transfer import Extents, address_of, copy_extents
 from .dtensors import local_tensor
 from .placement import Placement, Receiver, Take
 from .plans import Plan, committing, overwrite
@@ -49,12 +58,13 @@ from .state_tensors import (
     float32_named_state,
     layout_of,
     state_plan,
+    tie_conflict,
     tied_copies,
     written,
 )
 from .tensors import HostBuffer, check_convertible, from_file_dtype, to_file_dtype
 
-__all__ = ["save", "plan_load", "read_payloads"]
+__all__ = ["save", "plan_load", "read_payloads", "read_extents", "is_plain"]
 
 
 def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray:
@@ -66,18 +76,27 @@ def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray
     return host.numpy().reshape(t.shape)
 
 
+#: A save converts tensors that are not plain (integer buffers, strided views) to host
+#: float32 copies up front, held until the write ends, when they add up to no more than
+#: this; else (and for device tensors) it streams one tensor at a time.
+CONVERTED_MAX_BYTES = 16 << 20
+
+
 def save(placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Write the state as ``TLSF32B`` (see :func:`~tlckpt.runtime.save_module_state`)."""
 
     def check() -> NamedTensors:
         named = float32_named_state(module_or_tensors)
         placement.check(named)
-        for name, t in named:
-            if t.dtype != torch.float32:  # raises before anything is written
-                to_file_dtype(local_tensor(t), torch.float32, name)  # each rank: its shard
+        if {t.dtype for _, t in named} - {torch.float32}:
+            for name, t in named:
+                if t.dtype != torch.float32:  # raises before anything is written
+                    to_file_dtype(local_tensor(t), torch.float32, name)  # each: its shard
         return named
 
     named = placement.agree(check, lambda named: layout_of("TLSF32B save", named))
+    if placement.reads_in_place and _save_in_bulk(named, path):
+        return
 
     def write(take: Take) -> None:
         staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
@@ -85,6 +104,29 @@ def save(placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrF
         write_float32_state(path, arrays, count=len(named))
 
     placement.gather([t for _, t in named], 1, write)
+
+
+def _save_in_bulk(named: NamedTensors, path: PathOrFile) -> bool:
+    """Write a local state whose tensors are all in host memory as one vectored write of
+    headers and payloads, by address; ``False`` (nothing written) when it is not such a
+    state (device tensors, or more than :data:`CONVERTED_MAX_BYTES` to convert)."""
+    plain, addresses, rest = _plain(named, list(range(len(named))))
+    owners: list[Any] = [named[i][1] for i in plain]
+    if rest:
+        if any(not named[i][1].is_cpu for i in rest):
+            return False
+        if sum(named[i][1].numel() for i in rest) * 4 > CONVERTED_MAX_BYTES:
+            return False
+        converted = {}
+        for i in rest:
+            name, t = named[i]
+            converted[i] = to_file_dtype(t.detach(), torch.float32, name).contiguous()
+        order = sorted(plain + rest)
+        at = dict(zip(plain, addresses))
+        addresses = [at[i] if i in at else converted[i].data_ptr() for i in order]
+        owners += list(converted.values())
+    write_float32_extents(path, [t.shape for _, t in named], addresses, owners)
+    return True
 
 
 @contextlib.contextmanager
@@ -111,6 +153,68 @@ def read_payloads(file: BinaryIO, layout: StateLayout, sink: Any) -> None:
     read_float32_payloads(file, layout, sink)
 
 
+def read_extents(
+    file: BinaryIO,
+    layout: StateLayout,
+    records: list[int],
+    addresses: Any,
+    owners: list[Any],
+    progress: Any = None,
+) -> None:
+    """One payload pass in bulk: the payloads of ``records`` into memory by address (see
+    :func:`~tlckpt.codec.float32_state.read_float32_extents`)."""
+    read_float32_extents(file, layout, records, addresses, owners, progress)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def is_plain(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory is exactly a payload's bytes: a contiguous CPU float32 tensor
+    (not a subclass, not a lazily negated view), so bytes move to and from it by address."""
+    return (
+        type(t) in _PLAIN_TYPES
+        and t.dtype is torch.float32
+        and t.is_cpu
+        and t.is_contiguous()
+        and not t.is_neg()
+    )
+
+
+def _bump_versions(tensors: list[torch.Tensor]) -> None:
+    """Tensors written behind autograd's back: bump their versions, as ``copy_`` would, so
+    that a graph that saved one of them notices."""
+    try:
+        increment_version(tensors)
+    except RuntimeError:  # torch versions whose inference tensors have no version counter
+        increment_version([t for t in tensors if not t.is_inference()])
+
+
+def _plain(named: NamedTensors, records: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """``records`` split into the plain tensors (with their addresses) and the others."""
+    plain: list[int] = []
+    addresses: list[int] = []
+    others: list[int] = []
+    # Type and dtype once per distinct value: most states are all float32 tensors.
+    uniform = {type(t) for _, t in named} <= set(_PLAIN_TYPES) and {t.dtype for _, t in named} <= {
+        torch.float32
+    }
+    f32, kinds = torch.float32, _PLAIN_TYPES
+    for i in records:
+        t = named[i][1]
+        if (
+            (uniform or (type(t) in kinds and t.dtype is f32))
+            and t.is_cpu
+            and t.is_contiguous()
+            and not t.is_neg()
+        ):
+            plain.append(i)
+            addresses.append(t.data_ptr())
+        else:
+            others.append(i)
+    return plain, addresses, others
+
+
 def plan_load(
     placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrFile, *, staged: bool
 ) -> Plan:
@@ -126,25 +230,90 @@ def plan_load(
         def check() -> tuple[NamedTensors, dict[int, int], _CheckedFile | None]:
             named = float32_named_state(module_or_tensors)
             placement.check(named)
-            for name, t in named:
-                check_convertible(t.dtype, torch.float32, name)
+            if {t.dtype for _, t in named} - {torch.float32}:
+                for name, t in named:
+                    check_convertible(t.dtype, torch.float32, name)
             copies = tied_copies(named)
             if not placement.touches_file:
                 return named, copies, None
             f = stack.enter_context(_opened(path))
-            return named, copies, (f, validate_float32_state(f, [tuple(t.shape) for _, t in named]))
+            return named, copies, (f, validate_float32_state(f, [t.shape for _, t in named]))
 
         named, copies, checked = placement.agree(
             check, lambda result: layout_of("TLSF32B load", result[0], result[1])
         )
-        if not staged and placement.reads_in_place and checked is not None:
-            _precheck(*checked, named, copies)
-            return _InPlacePlan(*checked, named, copies, stack.pop_all())
+        if placement.reads_in_place and checked is not None:  # one process: bulk transfers
+            if not staged:
+                _precheck(*checked, named, copies)
+                return _InPlacePlan(*checked, named, copies, stack.pop_all())
+            return _stage(*checked, named, copies)
         sent = written(named, copies)
         receiver = placement.receiver([named[i][1] for i in sent])
         sink = _Receiving(named, copies, sent, receiver)
         placement.transfer(receiver, lambda: read_payloads(*checked, sink))  # type: ignore[misc]
     return state_plan(named, sent, receiver)
+
+
+def _stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[int, int]) -> Plan:
+    """A local staged load: every payload into one fresh staging buffer (a mapping of its
+    own when large) with a few vectored reads, tied copies compared with their originals there,
+    integer tensors converted; the plan holds the staging and what goes where."""
+    sizes = layout.size_array
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    staging = fresh_bytes(int(sizes.sum()))
+    base = address_of(staging)
+    read_extents(f, layout, list(range(len(sizes))), base + starts.astype(np.uint64), [staging])
+    bounds = list(zip(starts.tolist(), sizes.tolist()))
+
+    def values(i: int) -> torch.Tensor:
+        at, n = bounds[i]
+        return torch.from_numpy(staging[at : at + n].view(np.float32)).view(named[i][1].shape)
+
+    for copy, original in copies.items():
+        (a, n), (b, _) = bounds[copy], bounds[original]
+        if not same_bytes(staging[a : a + n], staging[b : b + n]):
+            raise tie_conflict(named, copy, original)
+    plain, live_addresses, rest = _plain(named, written(named, copies))
+    # Other tensors' values: converted (exactly, or the load fails) before anything live
+    # is touched.
+    others = []
+    for i in rest:
+        name, t = named[i]
+        others.append((t, from_file_dtype(values(i), t.dtype, name)))
+    index = np.asarray(plain, dtype=np.int64)
+    lengths = sizes[index]
+    live = [named[i][1] for i in plain]
+    return _StagedPlan(
+        Extents.build(live_addresses, lengths, None, live),
+        Extents.build(base + starts[index].astype(np.uint64), lengths, None, [staging]),
+        live,
+        others,
+    )
+
+
+class _StagedPlan(Plan):
+    """A local staged load's new values: plain tensors' bytes in one staging buffer,
+    copied over their memory in one batch; other tensors' values, copied one by one."""
+
+    def __init__(
+        self,
+        destinations: Extents,
+        sources: Extents,
+        live: list[torch.Tensor],
+        others: list[tuple[torch.Tensor, torch.Tensor]],
+    ):
+        self.destinations = destinations
+        self.sources = sources
+        self.live = live
+        self.others = others
+
+    def commit(self) -> None:
+        with committing():
+            copy_extents(self.destinations, self.sources)
+            _bump_versions(self.live)
+            for live, values in self.others:
+                overwrite(live, values)
 
 
 class _Receiving:
@@ -213,49 +382,33 @@ class Precheck:
 def _precheck(
     f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[int, int]
 ) -> None:
-    precheck = Precheck(named, copies, HostBuffer())
-    if any(precheck.needs(i) for i in range(len(named))):
-        read_payloads(f, layout, precheck)
+    """What an in-place load checks before its copying pass beyond the structure: tied
+    copies first (as a staged load does), compared with their originals in the file chunk by
+    chunk; then the values of integer tensors, which must convert exactly."""
+    for copy, original in sorted(copies.items()):
+        if not float32_payloads_equal(f, layout, original, copy):
+            raise tie_conflict(named, copy, original)
+    if {t.dtype for _, t in named} - {torch.float32}:
+        read_payloads(f, layout, Precheck(named, {}, HostBuffer()))
 
 
 class _Installer:
-    """Payload sink of an in-place load: each payload lands in its live tensor.
+    """Payload sink of an in-place load for the tensors that are not plain: each payload
+    through the one reusable host buffer and ``copy_``. ``written`` counts them."""
 
-    A contiguous CPU float32 tensor is read into directly (no copy); anything else goes
-    through the one reusable host buffer and ``copy_``. ``written`` counts the tensors whose
-    memory may have been changed so far (a direct read counts from its first byte).
-    """
-
-    def __init__(self, named: NamedTensors, copies: dict[int, int], staging: HostBuffer):
+    def __init__(self, named: NamedTensors, records: set[int], staging: HostBuffer):
         self.named = named
-        self.copies = copies
+        self.records = records
         self.staging = staging
-        self.direct = False
         self.written = 0
 
     def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
-        if record in self.copies:
-            return None  # its original was written already, and the check pass saw they agree
-        t = self.named[record][1]
-        self.direct = (
-            t.is_cpu
-            and t.dtype == torch.float32
-            and t.is_contiguous()
-            and not t.is_neg()  # a lazily negated view has no plain memory to read into
-        )
-        if self.direct:
-            self.written += 1
-            return t.detach().numpy()  # the tensor's own memory; readinto fills it
+        if record not in self.records:
+            return None  # plain (read in bulk) or a tied copy (its original was written)
         return self.staging.array(count, dtype)
 
     def done(self, record: int, field: str, buffer: Any) -> None:
         name, t = self.named[record]
-        if self.direct:
-            # Written behind autograd's back: bump the version so a graph that saved this
-            # tensor notices, as it would after copy_.
-            if not t.is_inference():
-                increment_version(t)
-            return
         values = from_file_dtype(torch.from_numpy(buffer).view(t.shape), t.dtype, name)
         self.written += 1
         overwrite(t, values)
@@ -282,28 +435,45 @@ class _InPlacePlan(Plan):
         self.resources.close()
 
     def commit(self) -> None:
-        """The copying pass, with Ctrl-C held back throughout.
+        """The copying pass, with Ctrl-C held back throughout: the tensors that are not
+        plain one by one, then the plain ones in bulk, straight into their memory.
 
         Raises:
             PartialLoadError: the file changed, was truncated or could not be read after
                 live tensors had been overwritten.
         """
         named = self.named
-        installer = _Installer(named, self.copies, HostBuffer(pin=any(t.is_cuda for _, t in named)))
+        records = written(named, self.copies)
+        plain, addresses, rest = _plain(named, records)
+        live = [named[i][1] for i in plain]
+        installer = _Installer(
+            named, set(rest), HostBuffer(pin=any(named[i][1].is_cuda for i in rest))
+        )
+        touched = 0  # plain tensors whose memory a read may have changed so far
+
+        def progress(through: int) -> None:
+            nonlocal touched
+            touched = through
+
         with committing():
             try:
-                read_payloads(self.file, self.layout, installer)
+                if installer.records:
+                    read_payloads(self.file, self.layout, installer)
+                if plain:
+                    read_extents(self.file, self.layout, plain, addresses, live, progress)
+                    _bump_versions(live)
             except Exception as exc:
-                if not installer.written:
+                done = touched + installer.written
+                if not done:
                     raise  # refused before the first write: the model is unchanged
-                total = len(named) - len(self.copies)
+                total = len(records)
                 reason = exc.reason if isinstance(exc, CheckpointError) else str(exc)
                 raise PartialLoadError(
-                    f"the model was partially updated: {installer.written} of {total} tensors"
+                    f"the model was partially updated: {done} of {total} tensors"
                     f" had been overwritten when the in-place load failed ({reason}). Load a"
                     " complete file again or restore the model; a staged load (the default)"
                     " never leaves a model like this",
-                    actual=installer.written,
+                    actual=done,
                     expected=total,
                     path=getattr(exc, "path", None) or getattr(exc, "filename", None),
                 ) from exc

@@ -67,9 +67,13 @@ def named_tensors(
         raise TypeError("pass a module or a sequence of tensors, not a single tensor")
     else:
         items = [(f"{prefix}[{i}]", t) for i, t in enumerate(source)]
-    for name, t in items:
-        if not isinstance(t, torch.Tensor):
-            raise not_a_tensor(str(name), t)
+    # Checked per distinct type (a model of 10^5 tensors has a handful of them).
+    if not all(issubclass(kind, torch.Tensor) for kind in {type(t) for _, t in items}):
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                raise not_a_tensor(str(name), t)
+    if {type(name) for name, _ in items} <= {str}:
+        return items
     return [(str(name), t) for name, t in items]
 
 

@@ -107,20 +107,35 @@ def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, 
     return named, dtype, encoding_of(dtype, "model state")
 
 
+#: Tensor types that are never DTensors: their memory is their own.
+_LOCAL_TYPES = {torch.Tensor, torch.nn.Parameter}
+
+
 def tied_copies(named: NamedTensors) -> dict[int, int]:
     """State index → the earlier index holding the very same tensor view (tied weights are
     in ``state_dict`` once per place they are registered)."""
-    # Two views can only be the same if they start at the same address: bucket by that
-    # (cheap) and compare full view keys within the rare buckets of more than one tensor.
+    # Two views can only be the same if they start at the same address: find the addresses
+    # shared by several tensors (at once, with numpy), then compare full view keys within
+    # those rare groups only.
+    if {type(t) for _, t in named} <= _LOCAL_TYPES:
+        addresses = np.array([t.data_ptr() for _, t in named], dtype=np.uint64)
+    else:
+        addresses = np.array([local_tensor(t).data_ptr() for _, t in named], dtype=np.uint64)
+    order = np.argsort(addresses, kind="stable")
+    ranked = addresses[order]
+    shared = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if not len(shared):
+        return {}
     by_address: dict[int, list[int]] = {}
-    for i, (_, t) in enumerate(named):
-        if t.numel():
-            by_address.setdefault(local_tensor(t).data_ptr(), []).append(i)
+    for k in np.unique(np.concatenate((shared, shared + 1))).tolist():
+        i = int(order[k])
+        if named[i][1].numel():
+            by_address.setdefault(int(ranked[k]), []).append(i)
     copies: dict[int, int] = {}
     for candidates in by_address.values():
         if len(candidates) > 1:
             first: dict[tuple, int] = {}
-            for i in candidates:
+            for i in sorted(candidates):
                 j = first.setdefault(view_key(named[i][1]), i)
                 if j != i:
                     copies[i] = j

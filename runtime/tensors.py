@@ -84,9 +84,12 @@ def file_dtype_of(named: Sequence[tuple[str, torch.Tensor]]) -> torch.dtype | No
     Raises:
         ConfigError: the state mixes floating dtypes (the message names a tensor of each).
     """
+    floating = {d for d in {t.dtype for _, t in named} if is_floating(d)}
+    if len(floating) < 2:
+        return next(iter(floating), None)
     first: dict[torch.dtype, str] = {}
     for name, t in named:
-        if is_floating(t.dtype):
+        if t.dtype in floating:
             first.setdefault(t.dtype, name)
     if len(first) > 1:
         listed = ", ".join(f"{n!r} is {str(d).removeprefix('torch.')}" for d, n in first.items())

@@ -101,3 +101,22 @@ def test_runtime_names_without_torch() -> None:
     assert attribute_error.startswith("tlckpt.load_optimizer: ")
     assert "needs torch" in attribute_error and "tlckpt[torch]" in attribute_error
     assert import_error == "MissingDependencyError torch"
+
+
+def test_checkpoint_sets_are_listed_and_verified_without_torch(tmp_path: Path) -> None:
+    import torch
+
+    import tlckpt
+    from tlckpt.formats.checkpoint_set import folder_name
+
+    model = torch.nn.Linear(3, 2)
+    folder = tlckpt.save_checkpoint(tmp_path / folder_name(4), model=model, step=4)
+    out = _cli("verify", str(folder))
+    assert out.returncode == 0, out.stderr
+    assert ": ok (step 4" in out.stdout
+    (folder / "model.tlsf32").write_bytes(b"TLSF32B" + bytes(40))
+    out = _cli("verify", str(folder))
+    _one_line_failure(out, "IntegrityError", "model.tlsf32")
+    out = _cli("ls", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "NOT VERIFIED: IntegrityError (size)" in out.stdout

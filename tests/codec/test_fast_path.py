@@ -232,7 +232,22 @@ def _alike_adam(version: int) -> bytes:
     return out.getvalue()
 
 
-ALIKE = {"state": _alike_state(), "adam_v2": _alike_adam(2), "adam_v4": _alike_adam(4)}
+def _varied_state() -> bytes:
+    """Shapes that change from each record to the next (no run of alike records), headers
+    of three sizes, a shape met again after others, and a one-record run at the end."""
+    shapes = [(0,), (1, 2), (2, 0, 1), (3,), (1, 2), (0,), (2, 0, 1), (), (1,), (0, 0)]
+    arrays = [np.full(s, i, "<f4") for i, s in enumerate(shapes)]
+    out = io.BytesIO()
+    write_float32_state(out, arrays)
+    return out.getvalue()
+
+
+ALIKE = {
+    "state": _alike_state(),
+    "varied": _varied_state(),
+    "adam_v2": _alike_adam(2),
+    "adam_v4": _alike_adam(4),
+}
 
 
 @pytest.mark.parametrize("vector", _binary_vectors(), ids=lambda v: v["file"])
@@ -280,8 +295,10 @@ def test_batches_are_taken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
         for read in _scans(ALIKE[name]):
             read()
     paths = {path for path, _ in taken}
-    want = {("tensors",)} if name == "state" else {("schema", "slots"), ("entries",)}
+    want = {("tensors",)} if name in ("state", "varied") else {("schema", "slots"), ("entries",)}
     assert paths == want, taken
+    if name == "varied":  # records of changing layouts: batches of decoded headers
+        assert max(count for _, count in taken) >= 4, taken
 
 
 @pytest.mark.parametrize("settings", BATCH_SETTINGS)
@@ -320,9 +337,29 @@ def test_many_alike_records_scan_as_they_read() -> None:
     assert fast[1][1] == at
 
 
+def test_many_varied_records_scan_as_they_walk() -> None:
+    """Records of changing shapes, more than a chunk of them, with default settings: the
+    batches of decoded headers give the shapes and the error (at its offset) of the walk."""
+    shapes = [(i % 3,) if i % 2 else (1, i % 4, 2) for i in range(60_000)]
+    blob = io.BytesIO()
+    write_float32_state(blob, (np.zeros(s, "<f4") for s in shapes), count=len(shapes))
+    data = blob.getvalue()
+    assert scan_float32_state(io.BytesIO(data)) == shapes
+    info = inspect(io.BytesIO(data))
+    assert [tuple(t["shape"]) for t in info["tensors"]] == shapes
+    bad = bytearray(data)
+    bad[len(data) - 100] ^= 0x40  # near the end: a header or a payload of a late record
+    bad[len(data) // 2] ^= 0x04  # and in the middle
+    read = lambda: scan_float32_state(io.BytesIO(bytes(bad)))  # noqa: E731
+    with interpreted():
+        slow = _outcome(read)
+    assert slow[0] == "error" and slow[1][2] == "tensors[29999].element_count", slow
+    assert _outcome(read) == slow
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    shapes=st.lists(st.sampled_from([(0,), (1,), (2,), (), (1, 1)]), max_size=40),
+    shapes=st.lists(st.sampled_from([(0,), (1,), (2,), (), (1, 1), (2, 0, 1)]), max_size=40),
     data=st.data(),
 )
 def test_batched_scans_of_mutated_states_agree(shapes: list, data: st.DataObject) -> None:

@@ -39,6 +39,7 @@ CHECKS_OF_WORLD = {
         "own_family_groups",
         "exact_bits_dtypes",
         "hsdp_meshes",
+        "checkpoint_sets",
         "memory",
     ],
     3: [

@@ -6,7 +6,7 @@ checks in order, all ranks together; each rank writes ``results-w{W}-r{R}.json``
 after every check (check name → ``{"ok": bool, ...}``), which the tests then read.
 This module holds the runs, resumes and reshards; the failure checks are in
 ``worker_failures.py``, the placements, dtypes and memory in ``worker_placements.py``,
-tlckpt's own optimizer family in ``worker_groups.py``.
+tlckpt's own optimizer family in ``worker_groups.py``, checkpoint sets in ``worker_sets.py``.
 Files are exchanged between groups (and the pytest process) through WORKDIR:
 ``w{W}/model.tlsf32``, ``state.json``, ``opt.tladam``, ``saved.pt`` and ``continued.pt``.
 """
@@ -226,5 +226,6 @@ if __name__ == "__main__":
     import worker_failures  # noqa: F401
     import worker_groups  # noqa: F401
     import worker_placements  # noqa: F401
+    import worker_sets  # noqa: F401
 
     main()

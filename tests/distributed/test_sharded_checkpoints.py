@@ -225,3 +225,15 @@ def test_every_check_ran_and_passed_on_every_rank(groups, world, record_property
     for check in CHECKS_OF_WORLD[world]:
         assert len(report(groups, world, check)) == world
     record_property("seconds", round(groups["seconds"][world], 1))
+
+
+def test_checkpoint_set_of_a_sharded_model(groups):
+    """Every rank saves and restores; rank 0 writes the members (the model member is the
+    single-process file) and commits the manifest once every rank has confirmed."""
+    results = report(groups, 2, "checkpoint_sets")
+    assert results[0]["same_model"] is True and results[0]["world_size"] == 2
+    for r in results:
+        assert r["steps"] == [K]
+        assert r["counter"] == K
+        assert r["after_restore"] == []
+        assert "not supported" in r["background"]

@@ -6,7 +6,10 @@ Used by ``test_no_code_execution.py`` in a fresh interpreter (audit hooks cannot
 
 Phase 1 ("formats"): every TorchLean load path — the codec readers, ``inspect``, the runtime
 loaders, the command line's ``inspect``/``validate``, and ``convert``'s TLSF32B/JSON/
-safetensors readers — on valid files, every invalid vector and mutated files. After a warm-up
+safetensors readers — on valid files, every invalid vector and mutated files; and every
+checkpoint-set path (``load_checkpoint``, ``verify_checkpoint``,
+``CheckpointManager.restore``, the command line's ``ls``/``verify``) on a saved set and on
+copies with a byte flipped in each member, manifest included. After a warm-up
 pass (so that lazy imports happen before watching), a ``sys.addaudithook`` hook records
 ``exec``/``compile`` (code objects run or compiled), ``import``, ``pickle.*`` and
 ``marshal.*`` events and process-spawning events; ``pickle.load(s)``, ``pickle.Unpickler``,
@@ -83,6 +86,29 @@ def main(vectors: Path, work: Path) -> dict:
     )
     convert.convert(work / "m.tlsf32", work / "m.pt", src_format="tlsf32", dst_format="pt")
 
+    # A checkpoint set, and copies with a byte flipped in each member (manifest included).
+    import shutil
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    sets = work / "sets"
+    good_set = tlckpt.save_checkpoint(
+        sets / "step-00000000000000000001",
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        random_counter=3,
+        extra={"inf": float("inf"), "t": (1, 2)},
+        step=1,
+    )
+    damaged_sets = []
+    for member in sorted(good_set.iterdir()):
+        data = member.read_bytes()
+        for j in range(0, len(data), max(1, len(data) // 6)):
+            copy = work / "damaged" / f"{member.stem}_{j}"
+            shutil.copytree(good_set, copy)
+            (copy / member.name).write_bytes(data[:j] + bytes([data[j] ^ 0x41]) + data[j + 1 :])
+            damaged_sets.append(copy)
+
     seeds = vector_seeds(vectors)
     mutants = []
     for k, seed in enumerate(seeds):
@@ -118,6 +144,22 @@ def main(vectors: Path, work: Path) -> dict:
             yield f"tlckpt.inspect:{f.name}", tlckpt.inspect, f
         for f in [work / "m.safetensors"]:
             yield f"convert.read_state:{f.name}", lambda p: convert.read_state(p, "safetensors"), f
+        for folder in [good_set, *damaged_sets]:
+            yield (
+                f"load_checkpoint:{folder.name}",
+                lambda p: tlckpt.load_checkpoint(
+                    p, model=model, optimizer=opt, scheduler=sched, rng=True
+                ),
+                folder,
+            )
+            yield f"verify_checkpoint:{folder.name}", tlckpt.verify_checkpoint, folder
+            yield f"cli verify:{folder.name}", lambda p: cli_main(["verify", str(p)]), folder
+        yield (
+            "CheckpointManager.restore",
+            lambda p: tlckpt.CheckpointManager(p).restore(model=model, optimizer=opt),
+            sets,
+        )
+        yield "cli ls", lambda p: cli_main(["ls", str(p)]), sets
         yield (
             "read_adam f64",
             lambda p: tlckpt.read_adam(p, tlckpt.schema_of(model), dtype=MomentDtype.FLOAT64),

@@ -33,7 +33,10 @@ def test_atheris_target_runs_clean(target: str, tmp_path: Path) -> None:
     ]
     assert not artifacts, log[-4000:]
     assert proc.returncode == 0, proc.stdout + log[-4000:]
-    assert f"stat::number_of_executed_units: {RUNS}" in log, log[-2000:]
+    # At least RUNS inputs ran: under load libFuzzer may run a few more than asked (2,510 of
+    # 2,500 seen once, likely its periodic corpus reload on a slow run).
+    executed = re.search(r"stat::number_of_executed_units: (\d+)", log)
+    assert executed is not None and int(executed.group(1)) >= RUNS, log[-2000:]
     # libFuzzer saw coverage: the library was instrumented (it is not when something imports
     # it before the runner's ``atheris.instrument_imports``; the fuzzer then runs blind).
     assert "Is the code instrumented" not in log, log[-2000:]

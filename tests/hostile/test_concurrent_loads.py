@@ -29,6 +29,7 @@ from tlckpt.codec import (
     FileChangedError,
     PartialLoadError,
     TruncatedError,
+    transfer,
 )
 from tlckpt.codec import state_bits as state_bits_module
 from tlckpt.runtime import float32_files
@@ -77,28 +78,32 @@ def _hook_payload_pass(
     monkeypatch: pytest.MonkeyPatch, after: int | None, action: Callable[[], None]
 ) -> None:
     """Run ``action`` inside the pass that reads payloads into the model or its staging:
-    after the payload of record ``after``, or (``None``) once the pass has returned."""
-    real = float32_files.read_float32_payloads
+    after the payload of record ``after``, or (``None``) once the pass has returned.
 
-    def hooked(f: Any, layout: Any, sink: Any) -> None:
-        if type(sink).__name__ not in ("_Receiving", "_Installer"):
-            return real(f, layout, sink)  # the in-place mode's checking pass
+    That pass reads in bulk (``float32_files.read_extents``); reads of at most two pieces
+    each (a payload and the header after it) give it a moment between records.
+    """
+    real = float32_files.read_extents
+    monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
-        class Sink:
-            def buffer(self, record: int, *args: Any) -> Any:
-                return sink.buffer(record, *args)
+    def hooked(f: Any, layout: Any, records: Any, *args: Any) -> None:
+        *rest, progress = args if len(args) == 3 else (*args, None)
+        fired = False
 
-            def done(self, record: int, *args: Any) -> Any:
-                result = sink.done(record, *args)
-                if record == after:
-                    action()
-                return result
+        def on_progress(through: int) -> None:
+            nonlocal fired
+            if progress is not None:
+                progress(through)
+            # The next read goes beyond the record: the change lands before it.
+            if after is not None and not fired and through > records.index(after) + 1:
+                fired = True
+                action()
 
-        real(f, layout, Sink())
+        real(f, layout, records, *rest, on_progress)
         if after is None:
             action()
 
-    monkeypatch.setattr(float32_files, "read_float32_payloads", hooked)
+    monkeypatch.setattr(float32_files, "read_extents", hooked)
 
 
 # ------------------------------------------------------------------------------ TLSF32B

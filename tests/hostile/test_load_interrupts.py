@@ -21,6 +21,7 @@ import torch
 from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
+from tlckpt.codec import transfer
 from tlckpt.runtime import bits_files, float32_files, plans
 
 lm = fuzz_module("live_model")
@@ -61,16 +62,29 @@ def _signal_inside_the_commit(
     monkeypatch: pytest.MonkeyPatch, mode: str, trigger: Callable[[], None]
 ) -> None:
     if mode == "tlsf32-in-place":  # the commit is the copying pass: signal after its third tensor
-        real = float32_files._Installer.done
-        calls = []
+        real = float32_files.read_extents
+        monkeypatch.setattr(transfer, "IOV_MAX", 2)  # a read per payload (and header)
 
-        def done(self: Any, record: int, field: str, buffer: Any) -> None:
-            real(self, record, field, buffer)
-            calls.append(record)
-            if len(calls) == 3:
-                trigger()
+        def hooked(*args: Any) -> None:
+            *rest, progress = args
 
-        monkeypatch.setattr(float32_files._Installer, "done", done)
+            def on_progress(through: int) -> None:
+                progress(through)
+                if through == 4:  # three payloads read, the fourth about to be
+                    trigger()
+
+            real(*rest, on_progress)
+
+        monkeypatch.setattr(float32_files, "read_extents", hooked)
+        return
+    if mode == "tlsf32-staged":  # the commit copies the staged bytes over the live tensors'
+        real_copy = float32_files.copy_extents
+
+        def signal_then_copy(*args: Any) -> None:
+            trigger()
+            real_copy(*args)
+
+        monkeypatch.setattr(float32_files, "copy_extents", signal_then_copy)
         return
     real_commit = plans.commit
     monkeypatch.setattr(plans, "commit", lambda pairs: real_commit(_signalling(pairs, trigger)))
@@ -103,8 +117,20 @@ def test_interrupt_before_the_commit_changes_nothing(
             return arrays
 
         monkeypatch.setattr(bits_files, "read_state_bits", read_then_signal)
-    else:  # in the payload pass (staged) or the checking pass (in place), at its 3rd payload
-        sink = float32_files._Receiving if mode == "tlsf32-staged" else float32_files.Precheck
+    elif mode == "tlsf32-staged":  # in the payload pass, after its third payload
+        real_read = float32_files.read_extents
+        monkeypatch.setattr(transfer, "IOV_MAX", 2)
+
+        def read_then_signal(*args: Any) -> None:
+            def on_progress(through: int) -> None:
+                if through == 4:
+                    signal.raise_signal(signal.SIGINT)
+
+            real_read(*args[:5], on_progress)
+
+        monkeypatch.setattr(float32_files, "read_extents", read_then_signal)
+    else:  # in the checking pass (in place), at its 3rd payload
+        sink = float32_files.Precheck
         real_done = sink.done
         calls = []
 

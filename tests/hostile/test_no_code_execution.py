@@ -2,11 +2,13 @@
 
 ``audit_loads.py`` runs in a fresh interpreter: it calls every TorchLean load path (codec
 readers, ``inspect``, runtime loaders, the command line's ``inspect``/``validate``, the
-converter's TLSF32B/JSON/safetensors readers) on valid files, every invalid vector and
-mutated files, once to warm up and once under ``sys.addaudithook`` with tripwires on
-``pickle``/``_pickle``/``marshal`` loaders and ``torch.load``. A canary (one ``compile``, one
-``pickle.loads``) proves the hook and tripwires are live. The ``.pt`` converter is the one
-torch deserialisation; it must call ``torch.load`` with ``weights_only=True``.
+converter's TLSF32B/JSON/safetensors readers) and every checkpoint-set path (``restore``,
+``load_checkpoint``, ``verify_checkpoint``, ``tlckpt ls``/``verify``) on valid files, every
+invalid vector and mutated files, once to warm up and once under ``sys.addaudithook`` with
+tripwires on ``pickle``/``_pickle``/``marshal`` loaders and ``torch.load``. A canary (one
+``compile``, one ``pickle.loads``) proves the hook and tripwires are live. The ``.pt``
+converter is the one torch deserialisation; it must call ``torch.load`` with
+``weights_only=True``.
 """
 
 from __future__ import annotations

@@ -266,3 +266,30 @@ def test_tied_copies_that_disagree_change_nothing(tmp_path: Path, staged: bool):
     with pytest.raises(SchemaMismatchError, match=r"'head\.weight'.*'emb\.weight'"):
         load_module_state(dest, tmp_path / "f", staged=staged)
     assert module_unchanged(dest, snapshot)
+
+
+class _TiedPair(torch.nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.zeros(n))
+        self.b = self.a  # tied: in the state twice, one tensor in memory
+
+
+@pytest.mark.parametrize("differ", [None, 0, -1])
+def test_large_tied_copies_compared_to_the_last_byte(tmp_path: Path, staged: bool, differ):
+    """Tied payloads larger than the comparison's chunks: equal ones load, and a difference
+    in the first or the last element is found."""
+    n = (9 << 20) // 4 + 3  # over two 4 MiB chunks, and not a multiple of one
+    values = np.arange(n, dtype=np.float32)
+    copy = values.copy()
+    if differ is not None:
+        copy[differ] += 1.0
+    write_float32_state(tmp_path / "f", [values, copy])
+    dest = _TiedPair(n)
+    if differ is None:
+        load_module_state(dest, tmp_path / "f", staged=staged)
+        assert np.array_equal(dest.a.detach().numpy(), values)
+        return
+    with pytest.raises(SchemaMismatchError, match=r"'b'.*'a'"):
+        load_module_state(dest, tmp_path / "f", staged=staged)
+    assert not dest.a.detach().numpy().any()

@@ -1,0 +1,226 @@
+"""The goals of the performance issue as a table: ``numerator / denominator <= bound``.
+
+Each figure is a :class:`Ref` into one run's results (:mod:`bench.report` evaluates them,
+warm and cold); a row whose bound is ``None`` is context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GOALS", "Goal", "Ref", "RAW_LOADS", "INPLACE", "STAGED"]
+
+MIB = 1 << 20
+RAW_LOADS = ("raw readinto", "raw preadv x2", "raw mmap+copy_")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A figure of the run: a group's way (or the fastest of several ways) for an operation.
+
+    ``kind`` is ``state`` or ``optimizer``; ``stat`` is ``time`` (seconds: warm median, or
+    the cold probe), ``per_tensor`` (µs per tensor) or ``memory`` (peak growth, MiB).
+    """
+
+    group: str
+    op: str
+    ways: tuple[str, ...]
+    kind: str = "state"
+    stat: str = "time"
+
+    def value(self, report: dict, cache: str) -> float | None:
+        """The figure in ``report`` (the fastest of the ways), or ``None`` if not measured."""
+        from bench.report import figure
+
+        values = [figure(report, self, way, cache) for way in self.ways]
+        values = [v for v in values if v is not None]
+        return min(values) if values else None
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A row of the goal table: ``numerator / denominator`` (or the numerator alone when
+    the denominator is ``None``) must be at most ``bound`` (below it when ``strict``)."""
+
+    text: str
+    numerator: Ref
+    denominator: Ref | None
+    bound: float | None
+    strict: bool = False
+    caches: tuple[str, ...] = ("warm", "cold")
+
+
+def _r(group: str, op: str, *ways: str, kind: str = "state", stat: str = "time") -> Ref:
+    return Ref(group, op, ways, kind, stat)
+
+
+INPLACE, STAGED = "tlckpt in place", "tlckpt staged"
+W = ("warm",)
+#: The goals of the performance issue, and context rows (bound ``None``).
+GOALS: list[Goal] = [
+    Goal(
+        "512 MiB load in place vs safetensors load_file + copy_",
+        _r("big1", "load", INPLACE),
+        _r("big1", "load", "safetensors"),
+        1.0,
+    ),
+    Goal(
+        "512 MiB load in place vs the best raw method",
+        _r("big1", "load", INPLACE),
+        _r("big1", "load", *RAW_LOADS),
+        1.1,
+    ),
+    Goal(
+        "512 MiB staged load (a second copy by design) vs safetensors",
+        _r("big1", "load", STAGED),
+        _r("big1", "load", "safetensors"),
+        None,
+    ),
+    Goal(
+        "512 MiB save vs raw durable write",
+        _r("big1", "save", "tlckpt"),
+        _r("big1", "save", "raw write"),
+        1.1,
+        caches=W,
+    ),
+    Goal(
+        "512 MiB in 48 tensors: load in place vs safetensors",
+        _r("big48", "load", INPLACE),
+        _r("big48", "load", "safetensors"),
+        1.0,
+    ),
+    Goal(
+        "512 MiB in 48 tensors: load in place vs the best raw method",
+        _r("big48", "load", INPLACE),
+        _r("big48", "load", *RAW_LOADS),
+        1.1,
+        caches=W,
+    ),
+    Goal(
+        "512 MiB in 48 tensors: save vs raw durable write",
+        _r("big48", "save", "tlckpt"),
+        _r("big48", "save", "raw write"),
+        1.1,
+        caches=W,
+    ),
+    Goal(
+        "20,000 small tensors: save, µs per tensor",
+        _r("small", "save", "tlckpt", stat="per_tensor"),
+        None,
+        2.0,
+        caches=W,
+    ),
+    Goal(
+        "20,000 small tensors: staged load, µs per tensor",
+        _r("small", "load", STAGED, stat="per_tensor"),
+        None,
+        2.0,
+        caches=W,
+    ),
+    Goal(
+        "20,000 small tensors: load in place, µs per tensor",
+        _r("small", "load", INPLACE, stat="per_tensor"),
+        None,
+        2.0,
+        caches=W,
+    ),
+    *(
+        Goal(
+            f"20,000 small tensors: {op} vs {lib} (≥ 10x faster)",
+            _r("small", op, "tlckpt" if op == "save" else STAGED),
+            _r("small", op, lib),
+            0.1,
+            caches=W,
+        )
+        for op in ("save", "load")
+        for lib in ("safetensors", "torch")
+    ),
+    Goal(
+        "inspect of 10^6 empty records, alike: seconds",
+        _r("inspect", "inspect", "alike"),
+        None,
+        2.0,
+        caches=W,
+    ),
+    Goal(
+        "inspect of 10^6 empty records, changing shapes: seconds",
+        _r("inspect", "inspect", "varied"),
+        None,
+        2.0,
+        caches=W,
+    ),
+    *(
+        Goal(
+            f"GPT-2 small: load_module_state ({way.split()[-1]}) vs torch.load + load_state_dict",
+            _r("gpt2", "load", way),
+            _r("gpt2", "load", "torch"),
+            1.0,
+            strict=True,
+        )
+        for way in (STAGED, INPLACE)
+    ),
+    Goal(
+        "GPT-2 small: load_optimizer vs torch.load + opt.load_state_dict",
+        _r("gpt2", "load", "tlckpt", kind="optimizer"),
+        _r("gpt2", "load", "torch", kind="optimizer"),
+        1.0,
+        strict=True,
+    ),
+    Goal(
+        "GPT-2 small: save_module_state vs torch.save + fsync",
+        _r("gpt2", "save", "tlckpt"),
+        _r("gpt2", "save", "torch"),
+        None,
+        caches=W,
+    ),
+    Goal(
+        "GPT-2 small: save_optimizer vs torch.save + fsync",
+        _r("gpt2", "save", "tlckpt", kind="optimizer"),
+        _r("gpt2", "save", "torch", kind="optimizer"),
+        None,
+        caches=W,
+    ),
+    *(
+        Goal(
+            f"Memory: {text}, MiB over the live state",
+            _r(g, op, way, kind=k, stat="memory"),
+            None,
+            bound,
+            caches=("cold",) if op == "load" else W,
+        )
+        for text, g, op, way, k, bound in [
+            ("512 MiB save", "big1", "save", "tlckpt", "state", 16.0),
+            ("512 MiB load in place", "big1", "load", INPLACE, "state", 16.0),
+            (
+                "512 MiB staged load (one copy of the state by design)",
+                "big1",
+                "load",
+                STAGED,
+                "state",
+                None,
+            ),
+            ("20,000 small tensors: save", "small", "save", "tlckpt", "state", 16.0),
+            ("20,000 small tensors: load in place", "small", "load", INPLACE, "state", 16.0),
+            ("GPT-2 small: load in place", "gpt2", "load", INPLACE, "state", 16.0),
+            ("GPT-2 small: save_optimizer", "gpt2", "save", "tlckpt", "optimizer", 16.0),
+            (
+                "GPT-2 small: load_optimizer (new moments by design)",
+                "gpt2",
+                "load",
+                "tlckpt",
+                "optimizer",
+                None,
+            ),
+        ]
+    ),
+    *(
+        Goal(
+            f"exact-bits JSON: {op} vs the standard library's json (≥ 3x faster)",
+            _r("json", op, "tlckpt"),
+            _r("json", op, "json"),
+            1 / 3,
+            caches=W,
+        )
+        for op in ("save", "load")
+    ),
+]

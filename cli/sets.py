@@ -1,0 +1,90 @@
+"""``tlckpt ls DIR`` and ``tlckpt verify PATH``: checkpoint sets from the command line
+(no torch needed).
+
+``ls`` lists every set folder of a directory, oldest first: its step, its size (the members'
+bytes, manifest included), and whether it verifies — or why not (the member and the check);
+leftovers of killed saves are counted. ``verify`` checks one set completely
+(:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..codec.atomic import is_library_temporary
+from ..codec.checkpoint_set import candidate_steps, set_path, verify_checkpoint
+from ..codec.errors import CheckpointError
+from ..formats.checkpoint_set import MANIFEST_FILE
+from .describe import table
+
+__all__ = ["list_sets", "verify_set"]
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:,} {unit}" if unit == "B" else f"{nbytes:,.1f} {unit}"
+        nbytes /= 1024  # type: ignore[assignment]
+    return str(nbytes)  # pragma: no cover - the loop returns
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def list_sets(directory: str | os.PathLike) -> str:
+    """The table ``tlckpt ls`` prints.
+
+    Raises:
+        OSError: the directory cannot be listed.
+    """
+    directory = Path(directory)
+    names = os.listdir(directory)  # raises for a missing directory
+    rows = []
+    for step in candidate_steps(directory):
+        folder = set_path(directory, step)
+        try:
+            manifest = verify_checkpoint(folder)
+            members = ", ".join(sorted(m.file for m in manifest.members.values()))
+            verdict = f"verified ({members})"
+        except (CheckpointError, OSError) as exc:
+            kind = type(exc).__name__
+            check = getattr(exc, "check", None)
+            verdict = f"NOT VERIFIED: {kind}{f' ({check})' if check else ''}: {_one_line(exc)}"
+        rows.append((step, _human(_size(folder)), verdict))
+    leftovers = [n for n in names if is_library_temporary(n)]
+    lines = [f"{directory}: {len(rows)} set(s)"]
+    if rows:
+        lines.append(table(("step", "size", "status"), rows))
+    if leftovers:
+        count = len(leftovers)
+        lines.append(f"{count} leftover(s) of interrupted saves (removed by the next save)")
+    return "\n".join(lines)
+
+
+def verify_set(path: str | os.PathLike) -> str:
+    """The line ``tlckpt verify`` prints for a set that verifies.
+
+    Raises:
+        CheckpointError: it does not (the member and the check named).
+        OSError: from the file system.
+    """
+    manifest = verify_checkpoint(path)
+    total = sum(m.size for m in manifest.members.values())
+    total += (Path(path) / MANIFEST_FILE).stat().st_size
+    members = ", ".join(
+        f"{m.file} ({m.family} v{m.version}, {_human(m.size)})" for m in manifest.members.values()
+    )
+    return (
+        f"{path}: ok (step {manifest.step}, {len(manifest.state)} state tensors,"
+        f" {_human(total)}; {members}; written by {manifest.library})"
+    )

@@ -1,0 +1,491 @@
+"""A checkpoint set's two JSON documents: the manifest and the training state.
+
+Both are hostile input like every file: read within a bound (``MAX_MANIFEST_BYTES``,
+``MAX_TRAINING_STATE_BYTES``, checked from the size before reading), parsed with orjson,
+refused when any object names a key twice (readers disagree on which one counts), and every
+field checked for its type and range before anything uses it. Every rejection is a
+:class:`~.errors.CheckpointError` subclass naming the field.
+
+The documents' shapes are declared in :mod:`tlckpt.formats.checkpoint_set`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from ..formats.checkpoint_set import (
+    DIGEST_ALGORITHM,
+    DIGEST_HEX_DIGITS,
+    MANIFEST_KEYS,
+    MAX_NAME_BYTES,
+    MAX_RANK,
+    MEMBER_FILES,
+    MEMBER_KEYS,
+    MEMBER_ROLES,
+    REQUIRED_MEMBERS,
+    RNG_KEYS,
+    SET_FORMAT,
+    SET_VERSION,
+    STEP_MAX,
+    TRAINING_STATE_FORMAT,
+    TRAINING_STATE_KEYS,
+    TRAINING_STATE_VERSION,
+)
+from ..formats.primitives import U64_MAX
+from .errors import (
+    CheckpointError,
+    FileTooLargeError,
+    IntegrityError,
+    MalformedError,
+    UnsupportedFormatError,
+    UnsupportedVersionError,
+)
+from .exact_values import decode_value, encode_value
+from .json_document import duplicate_key_anywhere
+
+__all__ = [
+    "MemberRecord",
+    "Manifest",
+    "TrainingState",
+    "build_manifest",
+    "parse_manifest",
+    "build_training_state",
+    "parse_training_state",
+    "parse_json_document",
+]
+
+_HEX = re.compile(rf"[0-9a-f]{{{DIGEST_HEX_DIGITS}}}")
+_RNG_HEX = re.compile(r"(?:[0-9a-f]{2})*")
+_FAMILY = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """What the manifest records of one member file.
+
+    Attributes:
+        file: its name in the set's folder.
+        family: the checkpoint family of its bytes (``"float32_state"``, ``"adam"``, ...).
+        version: the family's version (``1`` for the documents of the set).
+        size: its size in bytes.
+        digest: the ``xxh3_128`` digest of its bytes, 32 lowercase hex digits.
+    """
+
+    file: str
+    family: str
+    version: int
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, checked manifest.
+
+    Attributes:
+        step: the training step of the set.
+        library: the library that wrote it (``"tlckpt 0.1.0"``).
+        members: role → :class:`MemberRecord` (``model``, ``training_state``, and
+            ``optimizer`` when the set has one).
+        state: the model's state tensors, ``(name, shape)`` in file order.
+        world_size: the number of processes that saved it (1 unless sharded).
+    """
+
+    step: int
+    library: str
+    members: dict[str, MemberRecord]
+    state: tuple[tuple[str, tuple[int, ...]], ...]
+    world_size: int
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """A parsed, checked training-state document (values decoded exactly).
+
+    Attributes:
+        step: the training step (equal to the manifest's).
+        random_counter: the run's random counter (a u64), or ``None``.
+        scheduler: the scheduler's ``state_dict``, or ``None`` if the set has none.
+        param_groups: every optimizer param group's hyperparameters (without ``params``),
+            or ``None`` if the set has no optimizer.
+        rng: the global random states (``RNG_KEYS``), or ``None`` if they were not saved.
+        extra: the caller's ``extra``, or ``None``.
+    """
+
+    step: int
+    random_counter: int | None
+    scheduler: Any
+    param_groups: list[dict[str, Any]] | None
+    rng: dict[str, Any] | None
+    extra: Any
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def parse_json_document(data: bytes, what: str, limit: int) -> dict[str, Any]:
+    """Parse one of the set's documents: bounded, orjson, an object, each key once.
+
+    Raises:
+        FileTooLargeError: more than ``limit`` bytes.
+        MalformedError: not JSON, not an object, or a key twice in some object.
+    """
+    if len(data) > limit:
+        raise FileTooLargeError(
+            f"the {what} has {len(data):,} bytes, more than the {limit:,} a {what} may have",
+            field=what,
+            actual=len(data),
+            expected=f"at most {limit} bytes",
+        )
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedError(f"the {what} is not JSON: {exc}", field=what) from None
+    if type(document) is not dict:
+        raise MalformedError(
+            f"the {what} must be a JSON object, not {type(document).__name__}", field=what
+        )
+    duplicate = duplicate_key_anywhere(data)
+    if duplicate is not None:
+        raise MalformedError(
+            f"the {what} names the key {duplicate!r} twice in one object: JSON readers"
+            " disagree on which one counts",
+            field=what,
+            actual=f"{duplicate} twice",
+            expected="each key once",
+        )
+    return document
+
+
+def _fields(document: dict[str, Any], keys: Sequence[str], what: str) -> None:
+    """Exactly ``keys``: none missing, none unknown."""
+    missing = [k for k in keys if k not in document]
+    unknown = [k for k in document if k not in keys]
+    if missing or unknown:
+        raise MalformedError(
+            f"the {what} "
+            + "; ".join(
+                part
+                for part in (
+                    f"lacks {', '.join(map(repr, missing))}" if missing else "",
+                    f"has unknown keys {', '.join(repr(k[:40]) for k in unknown[:5])}"
+                    if unknown
+                    else "",
+                )
+                if part
+            ),
+            field=what,
+            actual=sorted(document)[:16],
+            expected=list(keys),
+        )
+
+
+def _integer(value: Any, field: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise MalformedError(
+            f"{field} must be an integer in [{low}, {high}], got {_short(value)}",
+            field=field,
+            actual=_short(value),
+            expected=f"integer in [{low}, {high}]",
+        )
+    return value
+
+
+def _string(value: Any, field: str, limit: int = MAX_NAME_BYTES) -> str:
+    if type(value) is not str or len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise MalformedError(
+            f"{field} must be a string of at most {limit} bytes, got {_short(value)}",
+            field=field,
+            actual=_short(value),
+        )
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _format(document: dict[str, Any], tag: str, version: int, what: str) -> None:
+    if document.get("format") != tag:
+        raise UnsupportedFormatError(
+            f"not a {what}: format is {_short(document.get('format'))}, expected {tag!r}",
+            field="format",
+            actual=_short(document.get("format")),
+            expected=tag,
+        )
+    found = document.get("version")
+    if found != version or type(found) is not int:
+        raise UnsupportedVersionError(
+            f"{what} version {_short(found)} is not known; known versions: {version}",
+            field="version",
+            actual=_short(found),
+            expected=version,
+        )
+
+
+def _member(role: str, entry: Any) -> MemberRecord:
+    field = f"members.{role}"
+    if type(entry) is not dict:
+        raise MalformedError(f"{field} must be an object", field=field)
+    _fields(entry, MEMBER_KEYS, field)
+    file = _string(entry["file"], f"{field}.file")
+    if file not in MEMBER_FILES[role]:
+        raise MalformedError(
+            f"{field}.file is {_short(file)}; a {role} member is one of"
+            f" {', '.join(MEMBER_FILES[role])}",
+            field=f"{field}.file",
+            actual=_short(file),
+            expected=list(MEMBER_FILES[role]),
+        )
+    family = _string(entry["family"], f"{field}.family", 64)
+    if not _FAMILY.fullmatch(family):
+        raise MalformedError(f"{field}.family is not a family name: {_short(family)}")
+    digest = entry["digest"]
+    if type(digest) is not str or not _HEX.fullmatch(digest):
+        raise MalformedError(
+            f"{field}.digest must be {DIGEST_HEX_DIGITS} lowercase hex digits",
+            field=f"{field}.digest",
+            actual=_short(digest),
+        )
+    return MemberRecord(
+        file=file,
+        family=family,
+        version=_integer(entry["version"], f"{field}.version", 0, U64_MAX),
+        size=_integer(entry["size"], f"{field}.size", 0, U64_MAX),
+        digest=digest,
+    )
+
+
+def _state(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    if type(value) is not list:
+        raise MalformedError("state must be an array of [name, shape]", field="state")
+    out = []
+    for i, item in enumerate(value):
+        field = f"state[{i}]"
+        if type(item) is not list or len(item) != 2 or type(item[1]) is not list:
+            raise MalformedError(f"{field} must be [name, [dims]]", field=field)
+        name = _string(item[0], f"{field}.name")
+        if len(item[1]) > MAX_RANK:
+            raise MalformedError(f"{field} has more than {MAX_RANK} dimensions", field=field)
+        shape = tuple(_integer(d, f"{field}.shape", 0, U64_MAX) for d in item[1])
+        out.append((name, shape))
+    return tuple(out)
+
+
+def parse_manifest(data: bytes, limit: int) -> Manifest:
+    """The checked manifest in ``data``.
+
+    Raises:
+        FileTooLargeError: more than ``limit`` bytes.
+        UnsupportedFormatError: not a set's manifest (``format``).
+        UnsupportedVersionError: a version this library does not know.
+        MalformedError: not JSON, a key twice, a missing, unknown or ill-typed field, a
+            member missing or named wrongly, an unknown digest algorithm.
+        IntegrityError: the manifest's own digest (``self_digest``) differs: it is damaged
+            (``check="manifest digest"``).
+    """
+    document = parse_json_document(data, "manifest", limit)
+    _format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
+    _fields(document, MANIFEST_KEYS, "manifest")
+    if document["digest"] != DIGEST_ALGORITHM:
+        raise MalformedError(
+            f"digest algorithm {_short(document['digest'])} is not known; known:"
+            f" {DIGEST_ALGORITHM}",
+            field="digest",
+            actual=_short(document["digest"]),
+            expected=DIGEST_ALGORITHM,
+        )
+    members = document["members"]
+    if type(members) is not dict:
+        raise MalformedError("members must be an object", field="members")
+    unknown = [r for r in members if r not in MEMBER_ROLES]
+    missing = [r for r in REQUIRED_MEMBERS if r not in members]
+    if unknown or missing:
+        raise MalformedError(
+            f"members: unknown roles {[r[:40] for r in unknown[:5]]}, missing {missing}",
+            field="members",
+            actual=sorted(members)[:8],
+            expected=list(MEMBER_ROLES),
+        )
+    manifest = Manifest(
+        step=_integer(document["step"], "step", 0, STEP_MAX),
+        library=_string(document["library"], "library", 256),
+        members={role: _member(role, members[role]) for role in MEMBER_ROLES if role in members},
+        state=_state(document["state"]),
+        world_size=_integer(document["world_size"], "world_size", 1, 1 << 24),
+    )
+    recorded = document["self_digest"]
+    if type(recorded) is not str or not _HEX.fullmatch(recorded):
+        raise MalformedError(
+            f"self_digest must be {DIGEST_HEX_DIGITS} lowercase hex digits, got {_short(recorded)}",
+            field="self_digest",
+            actual=_short(recorded),
+        )
+    computed = _self_digest(document)
+    if computed != recorded:
+        raise IntegrityError(
+            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
+            " bytes are damaged)",
+            check="manifest digest",
+            field="self_digest",
+            actual=computed,
+            expected=recorded,
+        )
+    return manifest
+
+
+def _rng(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise MalformedError("rng must be an object or null", field="rng")
+    _fields(value, RNG_KEYS, "rng")
+    for key in ("torch",):
+        if type(value[key]) is not str or not _RNG_HEX.fullmatch(value[key]):
+            raise MalformedError(f"rng.{key} must be hex bytes", field=f"rng.{key}")
+    cuda = value["cuda"]
+    if type(cuda) is not list or any(type(s) is not str or not _RNG_HEX.fullmatch(s) for s in cuda):
+        raise MalformedError("rng.cuda must be an array of hex bytes", field="rng.cuda")
+    return {
+        "torch": bytes.fromhex(value["torch"]),
+        "cuda": [bytes.fromhex(s) for s in cuda],
+        "numpy": decode_value(value["numpy"], ("rng", "numpy")),
+        "random": decode_value(value["random"], ("rng", "random")),
+    }
+
+
+def parse_training_state(data: bytes, limit: int) -> TrainingState:
+    """The checked, decoded training-state document in ``data``.
+
+    Raises:
+        FileTooLargeError, UnsupportedFormatError, UnsupportedVersionError, MalformedError:
+            as :func:`parse_manifest`, for this document's fields and values.
+    """
+    document = parse_json_document(data, "training state", limit)
+    _format(document, TRAINING_STATE_FORMAT, TRAINING_STATE_VERSION, "training-state document")
+    _fields(document, TRAINING_STATE_KEYS, "training state")
+    counter = document["random_counter"]
+    groups = document["param_groups"]
+    if groups is not None and (
+        type(groups) is not list or any(type(g) is not dict for g in groups)
+    ):
+        raise MalformedError(
+            "param_groups must be an array of objects or null", field="param_groups"
+        )
+    decoded_groups = None
+    if groups is not None:
+        decoded_groups = [decode_value(g, ("param_groups", i)) for i, g in enumerate(groups)]
+        for i, g in enumerate(decoded_groups):
+            if type(g) is not dict or not all(type(k) is str for k in g) or "params" in g:
+                raise MalformedError(
+                    f"param_groups[{i}] must map hyperparameter names to values (no params)",
+                    field=f"param_groups[{i}]",
+                )
+    return TrainingState(
+        step=_integer(document["step"], "step", 0, STEP_MAX),
+        random_counter=None if counter is None else _integer(counter, "random_counter", 0, U64_MAX),
+        scheduler=decode_value(document["scheduler"], ("scheduler",)),
+        param_groups=decoded_groups,
+        rng=_rng(document["rng"]),
+        extra=decode_value(document["extra"], ("extra",)),
+    )
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def build_manifest(
+    step: int,
+    library: str,
+    members: dict[str, MemberRecord],
+    state: Sequence[tuple[str, Sequence[int]]],
+    world_size: int,
+) -> bytes:
+    """The manifest's bytes (compact JSON, keys in :data:`MANIFEST_KEYS` order)."""
+    document = {
+        "format": SET_FORMAT,
+        "version": SET_VERSION,
+        "step": step,
+        "library": library,
+        "digest": DIGEST_ALGORITHM,
+        "members": {
+            role: {
+                "file": m.file,
+                "family": m.family,
+                "version": m.version,
+                "size": m.size,
+                "digest": m.digest,
+            }
+            for role, m in members.items()
+        },
+        "state": [[name, list(shape)] for name, shape in state],
+        "world_size": world_size,
+    }
+    document["self_digest"] = _self_digest(document)
+    return orjson.dumps(document)
+
+
+def _self_digest(document: dict[str, Any]) -> str:
+    """The manifest's own digest: of its compact JSON without ``self_digest``, in order."""
+    body = {k: v for k, v in document.items() if k != "self_digest"}
+    return xxhash.xxh3_128(orjson.dumps(body)).hexdigest()
+
+
+def build_training_state(
+    step: int,
+    random_counter: int | None,
+    scheduler: Any,
+    param_groups: list[dict[str, Any]] | None,
+    rng: dict[str, Any] | None,
+    extra: Any,
+) -> bytes:
+    """The training-state document's bytes; every value encoded exactly or refused.
+
+    Args:
+        step: the training step.
+        random_counter: a u64, or ``None``.
+        scheduler: the scheduler's ``state_dict`` (or ``None``).
+        param_groups: each group's hyperparameters without ``params`` (or ``None``).
+        rng: ``{"torch": bytes, "cuda": [bytes, ...], "numpy": value, "random": value}``, or
+            ``None``.
+        extra: the caller's value (or ``None``).
+
+    Raises:
+        CheckpointError: a value JSON cannot hold exactly (the message names where), or a
+            random counter outside the u64 range.
+    """
+    if random_counter is not None and (
+        type(random_counter) is not int or not 0 <= random_counter <= U64_MAX
+    ):
+        raise CheckpointError(
+            f"random_counter must be an integer in [0, 2**64 - 1], got {_short(random_counter)}",
+            field="random_counter",
+            actual=_short(random_counter),
+        )
+    document = {
+        "format": TRAINING_STATE_FORMAT,
+        "version": TRAINING_STATE_VERSION,
+        "step": step,
+        "random_counter": random_counter,
+        "scheduler": encode_value(scheduler, ("scheduler",)),
+        "param_groups": None
+        if param_groups is None
+        else [encode_value(g, ("param_groups", i)) for i, g in enumerate(param_groups)],
+        "rng": None
+        if rng is None
+        else {
+            "torch": rng["torch"].hex(),
+            "cuda": [s.hex() for s in rng["cuda"]],
+            "numpy": encode_value(rng["numpy"], ("rng", "numpy")),
+            "random": encode_value(rng["random"], ("rng", "random")),
+        },
+        "extra": encode_value(extra, ("extra",)),
+    }
+    return orjson.dumps(document)

@@ -1,0 +1,208 @@
+"""Checkpoint sets: one folder per training step, its members, its manifest and its
+training-state document (no I/O, no torch).
+
+A set is a folder named ``step-<20 digits>`` (fixed width, so that lexical order is numeric
+order) holding:
+
+* the model state — ``model.tlsf32`` (``TLSF32B``, float32 models) or ``model.json``
+  (exact-bits JSON, any other dtype): TorchLean files, readable by TorchLean;
+* the optimizer file ``optimizer.tladam`` (TorchLean's ``TLADAMF`` or tlckpt's own family),
+  when the set has an optimizer;
+* the training-state document ``training_state.json`` (:data:`TRAINING_STATE_KEYS`);
+* the manifest ``manifest.json``, written last: the commit point (:data:`MANIFEST_KEYS`).
+
+Every document is JSON, each key once. Values that JSON cannot hold exactly (a non-finite
+float, an integer beyond 64 bits, a tuple, a mapping whose keys are not all plain strings)
+are written as one-member objects whose key is a tag (:data:`VALUE_TAGS`); a mapping with a
+plain string key that starts with :data:`TAG_MARK` is itself written tagged, so a tag is
+never mistaken for data.
+
+Manifest::
+
+    {"format": "tlckpt_checkpoint_set", "version": 1, "step": 1200,
+     "library": "tlckpt 0.1.0", "digest": "xxh3_128",
+     "members": {"model": {"file": "model.tlsf32", "family": "float32_state",
+                           "version": 1, "size": 1234, "digest": "<32 hex digits>"}, ...},
+     "state": [["embed.weight", [32, 16]], ...], "world_size": 1,
+     "self_digest": "<32 hex digits>"}
+
+``self_digest`` is the manifest's own ``xxh3_128``: of the compact JSON (orjson's) of the
+document without that key, keys in the document's order. The manifest is what the members
+are checked against, so a flipped byte in it (a tensor name, a version, the library) must be
+caught too.
+
+Training state::
+
+    {"format": "tlckpt_training_state", "version": 1, "step": 1200,
+     "random_counter": 57 | null, "scheduler": <value> | null,
+     "param_groups": [{"lr": 0.001, "betas": {"$tuple": [0.9, 0.999]}, ...}] | null,
+     "rng": {"torch": "<hex>", "cuda": ["<hex>", ...], "numpy": {...},
+             "random": {...}} | null,
+     "extra": <value> | null}
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "SET_FORMAT",
+    "SET_VERSION",
+    "TRAINING_STATE_FORMAT",
+    "TRAINING_STATE_VERSION",
+    "STEP_PREFIX",
+    "STEP_DIGITS",
+    "STEP_MAX",
+    "FOLDER_PATTERN",
+    "folder_name",
+    "MANIFEST_FILE",
+    "TRAINING_STATE_FILE",
+    "MODEL_FLOAT32_FILE",
+    "MODEL_BITS_FILE",
+    "OPTIMIZER_FILE",
+    "MODEL_BITS_VERSION",
+    "TRAINING_STATE_FAMILY",
+    "MEMBER_ROLES",
+    "MEMBER_FILES",
+    "REQUIRED_MEMBERS",
+    "DIGEST_ALGORITHM",
+    "DIGEST_HEX_DIGITS",
+    "MANIFEST_KEYS",
+    "MEMBER_KEYS",
+    "TRAINING_STATE_KEYS",
+    "RNG_KEYS",
+    "MAX_MANIFEST_BYTES",
+    "MAX_TRAINING_STATE_BYTES",
+    "MAX_VALUE_DEPTH",
+    "MAX_NAME_BYTES",
+    "MAX_RANK",
+    "MAX_INT_DIGITS",
+    "TAG_MARK",
+    "TAG_FLOAT",
+    "TAG_INT",
+    "TAG_TUPLE",
+    "TAG_DICT",
+    "TAG_TENSOR",
+    "VALUE_TAGS",
+    "INT_RANGE",
+]
+
+# --------------------------------------------------------------------------- documents
+
+#: The manifest's ``format`` tag and version.
+SET_FORMAT = "tlckpt_checkpoint_set"
+#: v1: the first version.
+SET_VERSION = 1
+#: The training-state document's ``format`` tag and version.
+TRAINING_STATE_FORMAT = "tlckpt_training_state"
+#: v1: the first version.
+TRAINING_STATE_VERSION = 1
+
+# --------------------------------------------------------------------------- folder names
+
+#: A set's folder: ``step-`` and the step in 20 decimal digits (every u64 fits), so that
+#: lexical order is numeric order.
+STEP_PREFIX = "step-"
+STEP_DIGITS = 20
+STEP_MAX = 2**64 - 1
+FOLDER_PATTERN = re.compile(rf"{re.escape(STEP_PREFIX)}([0-9]{{{STEP_DIGITS}}})")
+
+
+def folder_name(step: int) -> str:
+    """The folder name of ``step`` (``step-00000000000000001200``)."""
+    return f"{STEP_PREFIX}{step:0{STEP_DIGITS}d}"
+
+
+# --------------------------------------------------------------------------- members
+
+MANIFEST_FILE = "manifest.json"
+TRAINING_STATE_FILE = "training_state.json"
+MODEL_FLOAT32_FILE = "model.tlsf32"
+MODEL_BITS_FILE = "model.json"
+OPTIMIZER_FILE = "optimizer.tladam"
+#: The version a manifest records for an exact-bits JSON model member (its tags end in
+#: ``_v1``) and the family it records for the training-state member.
+MODEL_BITS_VERSION = 1
+TRAINING_STATE_FAMILY = "training_state"
+
+#: The members a manifest lists, by role, in the order they are written.
+MEMBER_ROLES = ("model", "optimizer", "training_state")
+#: The file names each role may have.
+MEMBER_FILES = {
+    "model": (MODEL_FLOAT32_FILE, MODEL_BITS_FILE),
+    "optimizer": (OPTIMIZER_FILE,),
+    "training_state": (TRAINING_STATE_FILE,),
+}
+#: The roles every set has (the optimizer is optional).
+REQUIRED_MEMBERS = ("model", "training_state")
+
+#: The digest of every member: XXH3's 128-bit variant over the file's bytes in order,
+#: written as 32 lowercase hex digits. Not cryptographic: it catches damage, not forgery.
+DIGEST_ALGORITHM = "xxh3_128"
+DIGEST_HEX_DIGITS = 32
+
+#: The manifest's members: each must be present, once.
+MANIFEST_KEYS = (
+    "format",
+    "version",
+    "step",
+    "library",
+    "digest",
+    "members",
+    "state",
+    "world_size",
+    "self_digest",
+)
+#: A member's entry in the manifest.
+MEMBER_KEYS = ("file", "family", "version", "size", "digest")
+#: The training-state document's members.
+TRAINING_STATE_KEYS = (
+    "format",
+    "version",
+    "step",
+    "random_counter",
+    "scheduler",
+    "param_groups",
+    "rng",
+    "extra",
+)
+#: The global random states a training-state document holds (``rng``): torch's CPU generator
+#: (its state bytes in hex), each CUDA device's (a list, possibly empty), numpy's legacy
+#: global generator and Python's ``random``.
+RNG_KEYS = ("torch", "cuda", "numpy", "random")
+
+# --------------------------------------------------------------------------- bounds
+
+#: The largest manifest read: a model of a million named tensors fits.
+MAX_MANIFEST_BYTES = 256 << 20
+#: The largest training-state document read (scheduler, hyperparameters, random states and
+#: the caller's ``extra``).
+MAX_TRAINING_STATE_BYTES = 256 << 20
+#: The deepest nesting of a value (a scheduler's state, ``extra``).
+MAX_VALUE_DEPTH = 64
+#: The longest tensor name a manifest may hold, in UTF-8 bytes.
+MAX_NAME_BYTES = 4096
+#: The most dimensions a tensor shape in a manifest may have.
+MAX_RANK = 64
+#: The most decimal digits of a tagged integer (Python's own default limit for ``int(str)``).
+MAX_INT_DIGITS = 4300
+
+# --------------------------------------------------------------------------- exact values
+
+#: Tagged values are one-member objects whose key starts with this character.
+TAG_MARK = "$"
+#: A binary64 that JSON has no number for (infinities, NaN with its payload): its 64 bits as
+#: ``"0x"`` and 16 hex digits.
+TAG_FLOAT = "$float"
+#: An integer outside :data:`INT_RANGE`: its decimal digits.
+TAG_INT = "$int"
+#: A tuple: the array of its items.
+TAG_TUPLE = "$tuple"
+#: A mapping whose keys are not all plain strings (or one of which starts with
+#: :data:`TAG_MARK`): the array of its ``[key, value]`` pairs.
+TAG_DICT = "$dict"
+#: A zero-dimensional tensor (a learning rate held as a tensor): ``[dtype name, value]``.
+TAG_TENSOR = "$tensor"
+VALUE_TAGS = (TAG_FLOAT, TAG_INT, TAG_TUPLE, TAG_DICT, TAG_TENSOR)
+#: Integers written as JSON numbers: what every JSON reader of 64-bit integers keeps exactly.
+INT_RANGE = (-(2**63), 2**64 - 1)

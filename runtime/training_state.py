@@ -1,0 +1,275 @@
+"""The training-state member of a checkpoint set: what is captured at a save, and how a
+restore puts it back.
+
+Captured: the scheduler's ``state_dict``, every optimizer param group's hyperparameters
+(``lr`` included, so a restore puts every group's learning rate back even where the
+scheduler's own state would not), the random counter, the global random states (torch's CPU
+generator, each initialised CUDA device's, numpy's legacy global generator, Python's
+``random``), the step and the caller's ``extra``. Values travel as exact JSON
+(:mod:`tlckpt.codec.exact_values`); one that JSON cannot hold exactly is refused, naming
+where it is, before anything is written.
+
+A restore is prepared first (:func:`prepare`: every value checked against the live objects,
+the random states tried on scratch generators) and applied after (:class:`Application`,
+inside the commit block), so that nothing live changes unless everything fits.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..codec.errors import CheckpointError, ConfigError
+from ..codec.exact_values import TensorScalar
+from ..codec.set_documents import TrainingState, build_training_state
+
+__all__ = ["capture", "prepare", "Application"]
+
+_GROUP_SKIP = ("params",)
+
+
+def _scalars(value: Any, path: str) -> Any:
+    """A hyperparameter with its zero-dimensional tensors (a tensor ``lr``, capturable
+    betas) as :class:`TensorScalar`; a larger tensor is refused."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise ConfigError(
+                f"{path} is a tensor of shape {tuple(value.shape)}; a hyperparameter tensor must"
+                " be zero-dimensional to be saved",
+                field=path,
+            )
+        name = str(value.dtype).removeprefix("torch.")
+        return TensorScalar(name, value.item())
+    if type(value) in (list, tuple):
+        return type(value)(_scalars(v, f"{path}[{i}]") for i, v in enumerate(value))
+    return value
+
+
+def _param_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    return [
+        {k: _scalars(v, f"param_groups[{i}].{k}") for k, v in g.items() if k not in _GROUP_SKIP}
+        for i, g in enumerate(optimizer.param_groups)
+    ]
+
+
+def _plain(value: Any) -> Any:
+    """numpy's state with arrays and numpy scalars as Python lists and numbers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _cuda_states() -> list[bytes]:
+    # Only devices this process has initialised have a state worth keeping, and asking an
+    # uninitialised CUDA for one would initialise it (seconds, and memory on every device).
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    return [torch.cuda.get_rng_state(i).numpy().tobytes() for i in range(torch.cuda.device_count())]
+
+
+def _rng_states() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state().numpy().tobytes(),
+        "cuda": _cuda_states(),
+        "numpy": _plain(np.random.get_state(legacy=False)),
+        "random": random.getstate(),
+    }
+
+
+def capture(
+    step: int,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    random_counter: int | None,
+    extra: Any,
+) -> bytes:
+    """The training-state member's bytes, as of now.
+
+    Raises:
+        CheckpointError: a value JSON cannot hold exactly (the message names where: the
+            scheduler's ``state_dict`` key path, the param group and key, ``extra``'s path),
+            or a random counter outside the u64 range.
+    """
+    scheduler_state = None
+    if scheduler is not None:
+        scheduler_state = scheduler.state_dict()
+    groups = None if optimizer is None else _param_groups(optimizer)
+    return build_training_state(step, random_counter, scheduler_state, groups, _rng_states(), extra)
+
+
+# --------------------------------------------------------------------------- restore
+
+
+def _live_value(saved: Any, live: Any) -> Any:
+    """What a saved hyperparameter becomes in a live group: a :class:`TensorScalar` a
+    tensor again (the live tensor's device), containers rebuilt, plain values as they are."""
+    if isinstance(saved, TensorScalar):
+        dtype = getattr(torch, saved.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"unknown tensor dtype {saved.dtype!r}", actual=saved.dtype)
+        device = live.device if isinstance(live, torch.Tensor) else torch.device("cpu")
+        value = torch.tensor(saved.value, dtype=dtype, device=device)
+        if value.item() != saved.value and saved.value == saved.value:
+            raise ConfigError(f"{saved.value!r} is not exactly a {saved.dtype}")
+        return value
+    if type(saved) in (list, tuple):
+        same = type(live) in (list, tuple) and len(live) == len(saved)
+        lives = live if same else [None] * len(saved)
+        return type(saved)(_live_value(s, v) for s, v in zip(saved, lives))
+    return saved
+
+
+def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
+    """Put a hyperparameter back; a live zero-dimensional tensor keeps its identity (a
+    compiled or captured step holds it) and takes the value in place."""
+    live = group.get(key)
+    if (
+        isinstance(live, torch.Tensor)
+        and isinstance(value, torch.Tensor)
+        and live.shape == value.shape
+        and live.dtype == value.dtype
+    ):
+        live.copy_(value)
+    else:
+        group[key] = value
+
+
+def _torch_state(data: bytes, what: str, scratch: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    state = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0)
+    try:
+        scratch(state)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ConfigError(f"the saved {what} random state does not fit: {exc}") from None
+    return state
+
+
+@dataclass
+class Application:
+    """A prepared restore of the training state: :meth:`apply` writes it into the live
+    objects (inside the caller's commit block) and cannot fail for a reason of the file's."""
+
+    groups: list[dict[str, Any]] | None
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    scheduler_state: Any
+    rng: dict[str, Any] | None
+
+    def apply_scheduler(self) -> None:
+        """Load the scheduler's state (first in the commit: the one step that calls user
+        code; on failure it is put back as it was, and nothing else has changed).
+
+        Raises:
+            CheckpointError: the scheduler refused the state.
+        """
+        if self.scheduler is None:
+            return
+        before = copy.deepcopy(self.scheduler.state_dict())
+        try:
+            self.scheduler.load_state_dict(copy.deepcopy(self.scheduler_state))
+        except Exception as exc:  # user code: whatever it raises means "does not fit"
+            self.scheduler.load_state_dict(before)
+            raise ConfigError(
+                f"the scheduler refused the saved state: {type(exc).__name__}: {exc}",
+                field="scheduler",
+            ) from exc
+
+    def apply(self) -> None:
+        """Param groups' hyperparameters and the random states (dictionary assignments and
+        state copies only)."""
+        if self.optimizer is not None and self.groups is not None:
+            for group, values in zip(self.optimizer.param_groups, self.groups):
+                for key, value in values.items():
+                    _set_group_value(group, key, value)
+        if self.rng is not None:
+            torch.set_rng_state(self.rng["torch"])
+            for i, state in enumerate(self.rng["cuda"]):
+                torch.cuda.set_rng_state(state, i)
+            np.random.set_state(self.rng["numpy"])
+            random.setstate(self.rng["random"])
+
+
+def _prepared_rng(saved: dict[str, Any] | None) -> dict[str, Any]:
+    if saved is None:
+        raise CheckpointError("the set holds no random states (rng=True asks for them)")
+    cpu = _torch_state(saved["torch"], "torch CPU", lambda s: torch.Generator().set_state(s))
+    cuda = []
+    if saved["cuda"]:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count != len(saved["cuda"]):
+            raise ConfigError(
+                f"the set holds the random states of {len(saved['cuda'])} CUDA devices, this"
+                f" process has {count}",
+                actual=count,
+                expected=len(saved["cuda"]),
+            )
+        for i, data in enumerate(saved["cuda"]):
+
+            def fits(s: torch.Tensor, i: int = i) -> None:
+                expected = torch.cuda.get_rng_state(i).numel()
+                if s.numel() != expected:
+                    raise ValueError(f"{s.numel()} bytes, CUDA device {i} has {expected}")
+
+            cuda.append(_torch_state(data, f"CUDA device {i}", fits))
+    try:
+        np.random.RandomState().set_state(saved["numpy"])
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
+        raise ConfigError(f"the saved numpy random state does not fit: {exc}") from None
+    try:
+        random.Random().setstate(saved["random"])
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ConfigError(f"the saved random module state does not fit: {exc}") from None
+    return {"torch": cpu, "cuda": cuda, "numpy": saved["numpy"], "random": saved["random"]}
+
+
+def prepare(
+    state: TrainingState,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    rng: bool,
+) -> Application:
+    """Check the training state against the live objects; change nothing.
+
+    Raises:
+        CheckpointError: a scheduler is given and the set has none; the set's param groups
+            do not match the optimizer's in number; ``rng`` and the random states do not
+            fit (the message says which).
+    """
+    if scheduler is not None and state.scheduler is None:
+        raise CheckpointError("a scheduler was given, and the set holds no scheduler state")
+    if scheduler is not None and type(state.scheduler) is not dict:
+        raise ConfigError("the set's scheduler state is not a mapping", field="scheduler")
+    groups = None
+    if optimizer is not None:
+        if state.param_groups is None:
+            raise CheckpointError("an optimizer was given, and the set holds no param groups")
+        if len(state.param_groups) != len(optimizer.param_groups):
+            raise ConfigError(
+                f"the set holds {len(state.param_groups)} param groups, the optimizer has"
+                f" {len(optimizer.param_groups)}",
+                field="param_groups",
+                actual=len(optimizer.param_groups),
+                expected=len(state.param_groups),
+            )
+        groups = [
+            {k: _live_value(v, live.get(k)) for k, v in saved.items()}
+            for saved, live in zip(state.param_groups, optimizer.param_groups)
+        ]
+    return Application(
+        groups=groups,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_state=state.scheduler,
+        rng=_prepared_rng(state.rng) if rng else None,
+    )

@@ -1,0 +1,52 @@
+"""Checkpoint sets of a sharded run (see ``sharded_worker.py``): every rank saves, rank 0
+commits; a restore into fresh shards."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sharded_support import K, differences, snapshot
+from worker_common import MINE, check, on_writer, sharded_model
+
+import tlckpt
+from tlckpt.testing.models import train
+
+
+@check
+def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint set of the sharded run: every rank saves, rank 0 commits; its model
+    member is the single-process file; a restore into fresh shards equals the saved run."""
+    model, opt = sharded_model(ctx["mesh"], seed=0)
+    counter = train(model, opt, 0, K)
+    manager = tlckpt.CheckpointManager(MINE / "sets")
+    folder = manager.save(K, model=model, optimizer=opt, random_counter=counter).wait()
+    dist.barrier()
+    same_model = on_writer(
+        lambda: (folder / "model.tlsf32").read_bytes() == (MINE / "model.tlsf32").read_bytes()
+    )
+    verified = on_writer(lambda: tlckpt.verify_checkpoint(folder).world_size)
+    saved = torch.load(MINE / "saved.pt", weights_only=True)
+    fresh, fresh_opt = sharded_model(ctx["mesh"], seed=4321)
+    restored = manager.restore(model=fresh, optimizer=fresh_opt)
+    after = differences(snapshot(fresh, fresh_opt), saved)
+    try:
+        manager.save(K + 1, model=model, optimizer=opt, blocking=False)
+        background = "accepted"
+    except tlckpt.CheckpointError as exc:
+        background = str(exc)
+    dist.barrier()
+    return {
+        "steps": manager.steps(),
+        "same_model": same_model,
+        "world_size": verified,
+        "counter": restored.random_counter,
+        "after_restore": after,
+        "background": background,
+    }

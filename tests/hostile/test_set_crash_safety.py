@@ -1,0 +1,36 @@
+"""Crash safety of checkpoint sets: the short CI version of ``python -m fuzz.set_crash_kill``.
+
+A child saving checkpoint sets (blocking and in the background) is killed with SIGKILL at
+random moments: every committed set still verifies, ``latest()`` is the newest and restores
+exactly the values its child announced, no set committed earlier is lost (beyond retention),
+and leftovers stay bounded and are removed by the next completed save.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hostile_support import last_json, run_campaign
+
+
+def test_sigkill_during_set_saves_never_damages_or_loses_a_set(tmp_path: Path) -> None:
+    proc = run_campaign(
+        [
+            "fuzz.set_crash_kill",
+            "--trials",
+            "8",
+            "--size-mb",
+            "2",
+            "--quiet",
+            "--dir",
+            str(tmp_path),
+        ],
+        timeout=240,
+    )
+    report = last_json(proc.stdout)
+    assert report, proc.stdout + proc.stderr[-3000:]
+    assert report["problems"] == [], report
+    assert report["trials_killed"] >= 2, report
+    assert report["restores_checked"] == 10, report
+    assert report["max_leftovers"] <= 2, report
+    assert proc.returncode == 0, proc.stdout
