@@ -26,56 +26,19 @@ from typing import Any
 import torch
 
 import tlckpt
+from tlckpt.testing.recipes import TransformerSize, bert, gpt2, hf_param_groups, timm_param_groups
 
 REPS = 5
-
-
-def _hf_groups(model: torch.nn.Module, decay: float = 0.01) -> list[dict[str, Any]]:
-    from transformers.trainer import Trainer
-
-    names = set(Trainer.get_decay_parameter_names(None, model))
-    named = list(model.named_parameters())
-    return [
-        {"params": [p for n, p in named if n in names], "weight_decay": decay},
-        {"params": [p for n, p in named if n not in names], "weight_decay": 0.0},
-    ]
-
-
-def _timm_groups(model: torch.nn.Module, decay: float = 0.05) -> list[dict[str, Any]]:
-    # timm.optim._param_groups.param_groups_weight_decay: no decay for ndim <= 1 and biases.
-    decay_params, rest = [], []
-    for name, p in model.named_parameters():
-        (rest if p.ndim <= 1 or name.endswith(".bias") else decay_params).append(p)
-    return [{"params": rest, "weight_decay": 0.0}, {"params": decay_params, "weight_decay": decay}]
+#: The transformers' size: small, but with payloads that dominate their metadata.
+SMALL = TransformerSize(8192, 128, hidden_size=256, num_hidden_layers=4, num_attention_heads=4)
 
 
 def _gpt2(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(
-        vocab_size=8192,
-        n_positions=128,
-        n_embd=256,
-        n_layer=4,
-        n_head=4,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return GPT2LMHeadModel(config).to(dtype)
+    return gpt2(SMALL, dtype)
 
 
 def _bert() -> torch.nn.Module:
-    from transformers import BertConfig, BertModel
-
-    config = BertConfig(
-        vocab_size=8192,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=128,
-    )
-    return BertModel(config)
+    return bert(SMALL, intermediate_size=1024)
 
 
 def _convnet() -> torch.nn.Module:
@@ -113,11 +76,11 @@ def _image_loss(model: torch.nn.Module) -> torch.Tensor:
 
 Recipe = tuple[str, Callable[[], torch.nn.Module], Callable[[torch.nn.Module], Any], dict, Callable]
 RECIPES: list[Recipe] = [
-    ("GPT-2, HF two groups", _gpt2, _hf_groups, {}, _lm_loss),
-    ("GPT-2, HF two groups, amsgrad", _gpt2, _hf_groups, {"amsgrad": True}, _lm_loss),
-    ("GPT-2 bfloat16, HF two groups", lambda: _gpt2(torch.bfloat16), _hf_groups, {}, _lm_loss),
-    ("BERT, unused pooler", _bert, _hf_groups, {}, _bert_loss),
-    ("conv net, timm ndim<=1 split", _convnet, _timm_groups, {}, _image_loss),
+    ("GPT-2, HF two groups", _gpt2, hf_param_groups, {}, _lm_loss),
+    ("GPT-2, HF two groups, amsgrad", _gpt2, hf_param_groups, {"amsgrad": True}, _lm_loss),
+    ("GPT-2 bfloat16, HF two groups", lambda: _gpt2(torch.bfloat16), hf_param_groups, {}, _lm_loss),
+    ("BERT, unused pooler", _bert, hf_param_groups, {}, _bert_loss),
+    ("conv net, timm ndim<=1 split", _convnet, timm_param_groups, {}, _image_loss),
     (
         "GPT-2, one group (TLADAMF)",
         _gpt2,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
 from construct import Container
 
 from ..formats import registry
@@ -41,11 +40,11 @@ from .errors import (
     differs,
     names_the_file,
 )
-from .framed import check_trailing, read_framing
+from .framed import read_framed
+from .optimizer_reader import OptimizerReader
 from .schema import ParameterSchema
-from .schema_check import SchemaVisitorMixin
-from .source import FileStamp, PathOrFile, open_source
-from .walker import Path, Visitor, field_name, parse
+from .source import FileStamp, PathOrFile
+from .walker import Path, field_name
 
 __all__ = [
     "AdamEntry",
@@ -65,14 +64,14 @@ _KNOWN = frozenset(
     + [p[0] for p in (DTYPE_TAG, KIND, CONFIG, COUNTER_FLAG, RANDOM_COUNTER, ENTRY_COUNT)]
     + [SCHEMA[0], REPRESENTATIVES[0], ENTRIES[0]]
 )
-_SCHEMA_BLOCKS = frozenset({SCHEMA[0], REPRESENTATIVES[0]})
-_ENTRIES = ENTRIES[0]
 #: Path length of an entry record, ``(*ENTRIES, i)``.
 _ENTRY_DEPTH = len(ENTRIES) + 1
 
 
-class _AdamReader(SchemaVisitorMixin, Visitor):
+class _AdamReader(OptimizerReader):
     """Checks each field against the destination as it is decoded (FORMAT.md §3 order)."""
+
+    entries_field = ENTRIES[0]
 
     def __init__(
         self,
@@ -84,30 +83,17 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
         skip_payloads: bool,
     ):
         self.layout = layout_of(spec.struct)
-        self.version = spec.version
-        self.expected = schema
         self.dtype = dtype
         self.expected_config = expected_config
-        self.sink = sink
-        self.skip_payloads = skip_payloads
         self.file_dtype = MomentDtype.FLOAT32
         self.config: AdamConfig | None = None
-        self.random_counter: int | None = None
         self.entries: dict[int, AdamEntry] = {}
-        #: Bytes of each entry's payloads, as the spec sized them (payloads skipped only).
-        self.payload_bytes: dict[int, int] = {}
-        #: Each payload's position, by slot and field (payloads skipped only).
-        self.payload_offsets: dict[tuple[int, str], int] = {}
         self.fields: dict[str, Any] = {}
-        self.init_schema_check(schema)
+        self.init_reader(spec, schema, sink, skip_payloads)
 
-    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+    def header_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         head = path[0]
-        if head in _SCHEMA_BLOCKS:
-            self.check_schema_field(path, value, offset, ctx)
-        elif head == _ENTRIES:
-            self._entry_field(path, value, offset, ctx)
-        elif len(path) > 1:
+        if len(path) > 1:
             return  # inside a header struct (config): judged whole, as ``config``
         elif path == VERSION:
             if (
@@ -147,7 +133,7 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
     def on_records(self, path: Path, batch: RecordBatch) -> bool:
         if path == SLOTS:
             return self.schema_records(batch)
-        # Every rule _entry_field applies, for the whole batch; any break: walk it instead.
+        # Every rule entry_field applies, for the whole batch; any break: walk it instead.
         schema = self.schema
         ids, steps = batch.values("id"), batch.values("step")
         counts = batch.values("count")
@@ -210,7 +196,7 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
             )
         self.config = config
 
-    def _entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+    def entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         # Called for the paths under ENTRIES only: their length says which they are.
         depth = len(path)
         if depth == _ENTRY_DEPTH - 1:  # the whole array: records were kept one by one
@@ -233,10 +219,7 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
                     actual=0,
                 )
         elif name == "count":
-            want = schema.element_count(ctx.id)
-            if value != want:
-                message = f"entry for slot {ctx.id} has {value} elements, the slot has {want}"
-                raise differs(EntryError, message, offset, path, value, want)
+            self.check_entry_count(path, value, offset, ctx)
 
     def _bad_id(self, value: int, offset: int, where: str) -> None:
         """Raise for an entry id that is out of range, repeated, or not a representative's."""
@@ -259,23 +242,6 @@ class _AdamReader(SchemaVisitorMixin, Visitor):
                 actual=value,
             )
 
-    def payload_buffer(
-        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
-    ) -> Any:
-        if self.skip_payloads:
-            slot = int(ctx.id)
-            self.payload_bytes[slot] = self.payload_bytes.get(slot, 0) + count * dtype.itemsize
-            self.payload_offsets[(slot, path[-1])] = offset
-            return None
-        if self.sink is not None:
-            return self.sink.buffer(int(ctx.id), path[-1], count, dtype)
-        return np.empty(count, dtype=dtype)
-
-    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
-        if self.sink is not None:
-            return self.sink.done(int(ctx.id), path[-1], buffer)
-        return buffer
-
 
 def _read(
     path: PathOrFile,
@@ -285,16 +251,16 @@ def _read(
     sink: PayloadSink | None,
     skip_payloads: bool,
 ) -> tuple[AdamCheckpoint, _AdamReader]:
-    with open_source(path) as src:
-        spec = read_framing(src, expect=ADAM_MAGIC)
-        reader = _AdamReader(spec, schema, dtype, expected_config, sink, skip_payloads)
-        parse(src, spec.struct, reader)
-        check_trailing(src)
-    reader.stamp = src.stamp
+    reader, stamp = read_framed(
+        path,
+        ADAM_MAGIC,
+        lambda spec: _AdamReader(spec, schema, dtype, expected_config, sink, skip_payloads),
+    )
+    reader.stamp = stamp  # for the reads by position that may follow (validate_adam)
     if reader.config is None:  # every registered Adam spec has a config; a toy might not
-        raise CheckpointError(f"version {spec.version} has no config field")
+        raise CheckpointError(f"version {reader.version} has no config field")
     checkpoint = AdamCheckpoint(
-        spec.version,
+        reader.version,
         reader.config,
         reader.entries,
         reader.random_counter,

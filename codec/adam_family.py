@@ -11,27 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..formats.framing import ADAM_MAGIC
 from .adam import AdamCheckpoint, read_adam, scan_adam, scan_adam_sizes
 from .destinations import AdamTarget, OptimizerTarget, parse_adam_target
 from .families import FamilyHandler, register_family
-from .inspection import ElementCounts, file_size, float_entry
+from .inspection import file_size, float_entry, optimizer_contents
+from .payload_sinks import SkipPayloads
 from .source import PathOrFile
 from .torchlean_fit import adam_target_of
 
 __all__ = ["ADAM_FAMILY", "SkipPayloads"]
-
-
-class SkipPayloads:
-    """A payload sink that skips every moment (their bits cannot be wrong, only their size)."""
-
-    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> None:
-        return None
-
-    def done(self, record: int, field: str, buffer: Any) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -39,27 +28,6 @@ class _AdamFamily(FamilyHandler):
     def describe(self, file: PathOrFile, max_json_bytes: int = 0) -> dict[str, Any]:
         """``inspect``'s description of a ``TLADAMF`` file (``max_json_bytes``: unused)."""
         ckpt, payload_bytes = scan_adam_sizes(file)
-        schema = ckpt.schema
-        elements = ElementCounts()
-        slots = [
-            {
-                "slot": i,
-                "shape": list(shape),
-                "elements": elements[shape],
-                "trainable": schema.requires_grad[i],
-                "representative": schema.representative(i),
-            }
-            for i, shape in enumerate(schema.shapes)
-        ]
-        entries = [
-            {
-                "id": i,
-                "step": e.step,
-                "elements": elements[schema.shapes[i]],
-                "bytes": payload_bytes[i],
-            }
-            for i, e in sorted(ckpt.entries.items())
-        ]
         cfg = ckpt.config
         return {
             **self.header(ckpt.version),
@@ -71,10 +39,7 @@ class _AdamFamily(FamilyHandler):
                 "epsilon": float_entry(cfg.epsilon),
                 "weight_decay": float_entry(cfg.weight_decay),
             },
-            "random_counter": ckpt.random_counter,
-            "has_aliases": schema.has_aliases,
-            "slots": slots,
-            "entries": entries,
+            **optimizer_contents(ckpt, payload_bytes),
             **({"fields": ckpt.fields} if ckpt.fields else {}),
             "bytes": file_size(file),
         }

@@ -1,18 +1,18 @@
 """The values an Adam checkpoint holds, shared by its reader and its writer.
 
-:class:`AdamEntry` (one slot's step and moments), :class:`AdamCheckpoint` (a checked file)
-and :class:`PayloadSink` (where a reader puts payloads) live here, not in the reader, so that
-the writer and other readers use them without importing the reader.
+:class:`AdamEntry` (one slot's step and moments) and :class:`AdamCheckpoint` (a checked file)
+live here, not in the reader, so that the writer and other readers use them without importing
+the reader; :class:`PayloadSink` (where a reader puts payloads, for either optimizer family) is
+:mod:`.payload_sinks`'s, named here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from .config import AdamConfig
+from .payload_sinks import PayloadSink
 from .schema import ParameterSchema
 
 __all__ = ["AdamEntry", "AdamCheckpoint", "PayloadSink"]
@@ -46,13 +46,3 @@ class AdamCheckpoint:
     random_counter: int | None = None
     schema: ParameterSchema | None = None
     fields: dict[str, Any] = field(default_factory=dict)
-
-
-class PayloadSink(Protocol):
-    """Where moment payloads go while reading (for example pinned buffers and device copies)."""
-
-    def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
-        """A writable C-contiguous buffer for ``count`` elements, or ``None`` to skip."""
-
-    def done(self, record: int, field: str, buffer: Any) -> Any:
-        """Called once the buffer is filled; the result is what the entry keeps."""

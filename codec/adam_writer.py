@@ -8,39 +8,31 @@ selection rule, read off each registered spec's layout (:func:`~tlckpt.formats.a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..formats import registry
 from ..formats.adam import AdamLayout, CounterPresence, layout_of
 from ..formats.framing import ADAM_MAGIC
-from ..formats.primitives import U64_MAX
 from .adam_types import AdamEntry
 from .atomic import output
 from .builder import build as build_spec
 from .config import AdamConfig
-from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
+from .errors import CheckpointError, ConfigError, EntryError, names_the_file
 from .layout import FileLayout, Reserved, layout_of_spec
 from .schema import ParameterSchema
 from .schema_check import schema_values
 from .source import PathOrFile
+from .writer_checks import (
+    check_entry_step,
+    check_moments,
+    check_random_counter,
+    check_schema,
+    counter_values,
+)
 
-__all__ = ["check_random_counter", "select_version", "write_adam", "adam_layout"]
-
-
-def check_random_counter(random_counter: Any) -> None:
-    """Raise :class:`ConfigError` unless ``random_counter`` is ``None`` or a u64."""
-    if random_counter is not None and (
-        isinstance(random_counter, bool)
-        or not isinstance(random_counter, (int, np.integer))
-        or not 0 <= random_counter <= U64_MAX
-    ):
-        raise ConfigError(
-            f"random_counter must be an integer in [0, 2^64), got {random_counter!r}",
-            field="random_counter",
-            actual=random_counter,
-        )
+__all__ = ["select_version", "write_adam", "adam_layout"]
 
 
 def select_version(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> int:
@@ -68,23 +60,8 @@ def _fits(
 
 
 def _check_entry(slot: int, entry: Any, schema: ParameterSchema, dtype: np.dtype) -> None:
-    step = getattr(entry, "step", None)
-    integral = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
-    if not integral or not 1 <= step <= U64_MAX:
-        raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
-    count = schema.element_count(slot)
-    for name in ("m", "v"):
-        array = getattr(entry, name, None)
-        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
-            got = (
-                f"{array.dtype} with {array.size} elements"
-                if isinstance(array, np.ndarray)
-                else type(array).__name__
-            )
-            raise EntryError(
-                f"entry for slot {slot}: {name} must be {dtype} with {count} elements, got {got}",
-                field=f"entries[{slot}].{name}",
-            )
+    check_entry_step(slot, entry)
+    check_moments(slot, entry, ("m", "v"), dtype, schema.element_count(slot))
 
 
 def _entry_records(
@@ -104,8 +81,7 @@ def _entry_records(
 
 
 def _check_inputs(schema: ParameterSchema, config: AdamConfig, random_counter: int | None) -> None:
-    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
-        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
+    check_schema(schema)
     if not isinstance(config, AdamConfig):
         raise ConfigError(f"config must be an AdamConfig, got {type(config).__name__}")
     config.validate()
@@ -152,12 +128,17 @@ def _values(
             "epsilon": config.epsilon,
             "weight_decay": config.weight_decay,
         },
-        "counter_flag": 0 if random_counter is None else 1,
-        "random_counter": None if random_counter is None else int(random_counter),
+        **counter_values(random_counter),
         **schema_values(schema),
         "entry_count": schema.optimizer_state_count,
         "entries": records,
     }
+
+
+class _Step(NamedTuple):
+    """An entry's step alone, for the entry checks."""
+
+    step: Any
 
 
 def adam_layout(
@@ -183,13 +164,7 @@ def adam_layout(
     _check_slots(schema, set(steps))
     dtype = config.dtype.numpy
     for slot in schema.representative_slots:
-        step = steps[slot]
-        if (
-            isinstance(step, bool)
-            or not isinstance(step, (int, np.integer))
-            or not 1 <= step <= U64_MAX
-        ):
-            raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
+        check_entry_step(slot, _Step(steps[slot]))
     chosen, spec = _spec(schema, config, random_counter, version)
     records = (
         {

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from ..formats import registry
 from ..formats.framing import MAGIC_SIZE, VERSION_OFFSET
 from ..formats.primitives import U64_SIZE, unpack_u64
 from .errors import TrailingDataError, UnsupportedFormatError, UnsupportedVersionError
-from .source import Source
+from .source import FileStamp, PathOrFile, Source, open_source
+from .walker import Visitor, parse
 
-__all__ = ["read_framing", "check_trailing", "family_name"]
+__all__ = ["read_framing", "check_trailing", "family_name", "read_framed"]
+
+_V = TypeVar("_V", bound=Visitor)
 
 
 def family_name(magic: bytes) -> str:
@@ -76,3 +82,30 @@ def check_trailing(src: Source) -> None:
             actual=src.remaining,
             expected=0,
         )
+
+
+def read_framed(
+    path: PathOrFile, magic: bytes, visitor: Callable[[registry.FileSpec], _V]
+) -> tuple[_V, FileStamp]:
+    """Walk a whole file of the family ``magic``: its framing, then every field with the
+    visitor made for its version's spec, then the trailing-data rule.
+
+    Args:
+        path: file path, or a seekable binary file object (read from its position).
+        magic: the family's magic.
+        visitor: makes the visitor from the file's registered spec.
+
+    Returns:
+        The visitor, once the whole file has been walked and checked, and the file's stamp
+        from before its first byte was read (for reads by position afterwards).
+
+    Raises:
+        CheckpointError: a subclass, from the framing, the visitor or the trailing bytes.
+        OSError: from the file system.
+    """
+    with open_source(path) as src:
+        spec = read_framing(src, expect=magic)
+        reader = visitor(spec)
+        parse(src, spec.struct, reader)
+        check_trailing(src)
+    return reader, src.stamp

@@ -8,6 +8,7 @@ handlers' descriptions share.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..formats import registry
@@ -16,9 +17,17 @@ from .errors import UnsupportedFormatError, names_the_file
 from .families import HEAD_BYTES, family_named, head_family
 from .gcpause import without_gc
 from .json_document import DEFAULT_MAX_JSON_BYTES
+from .schema import ParameterSchema
 from .source import PathOrFile, open_source
 
-__all__ = ["inspect", "sniff_family", "ElementCounts", "file_size", "float_entry"]
+__all__ = [
+    "inspect",
+    "sniff_family",
+    "ElementCounts",
+    "file_size",
+    "float_entry",
+    "optimizer_contents",
+]
 
 
 @names_the_file()
@@ -103,3 +112,55 @@ class ElementCounts(dict):
     def __missing__(self, shape: tuple[int, ...]) -> int:
         n = self[shape] = product(shape)
         return n
+
+
+def optimizer_contents(
+    checkpoint: Any,
+    payload_bytes: Mapping[int, int],
+    *,
+    slot_groups: Sequence[int | None] | None = None,
+    entry_fields: Sequence[str] = (),
+) -> dict[str, Any]:
+    """What the descriptions of both optimizer families show of a checked file's state.
+
+    Args:
+        checkpoint: an ``AdamCheckpoint`` or ``OptimizerCheckpoint`` (its stored schema,
+            random counter and entries).
+        payload_bytes: each entry's payload bytes, by slot.
+        slot_groups: each slot's param group, shown with the slot (``None``: no groups).
+        entry_fields: attributes of an entry shown after its step (``"dtype"``).
+
+    Returns:
+        ``random_counter``, ``has_aliases``, ``slots`` (shape, elements, trainable,
+        representative, and group) and ``entries`` (id, step, ``entry_fields``, elements,
+        bytes; in slot order), in that order.
+    """
+    schema: ParameterSchema = checkpoint.schema
+    elements = ElementCounts()
+    slots = [
+        {
+            "slot": i,
+            "shape": list(shape),
+            "elements": elements[shape],
+            "trainable": schema.requires_grad[i],
+            "representative": schema.representative(i),
+            **({} if slot_groups is None else {"group": slot_groups[i]}),
+        }
+        for i, shape in enumerate(schema.shapes)
+    ]
+    entries = [
+        {
+            "id": i,
+            "step": e.step,
+            **{name: getattr(e, name) for name in entry_fields},
+            "elements": elements[schema.shapes[i]],
+            "bytes": payload_bytes[i],
+        }
+        for i, e in sorted(checkpoint.entries.items())
+    ]
+    return {
+        "random_counter": checkpoint.random_counter,
+        "has_aliases": schema.has_aliases,
+        "slots": slots,
+        "entries": entries,
+    }

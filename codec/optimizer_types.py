@@ -33,6 +33,7 @@ __all__ = [
     "OptimizerCheckpoint",
     "moment_array_dtype",
     "moment_tag",
+    "validate_group",
 ]
 
 #: The moment dtypes the family holds, by name, in tag order.
@@ -171,6 +172,25 @@ class ParamGroupConfig:
         """Whether every float is finite (torch accepts an infinite eps or lr; TorchLean's
         config does not)."""
         return all(math.isfinite(getattr(self, name)) for name in GROUP_FLOATS)
+
+
+def validate_group(group: ParamGroupConfig, index: int, where: str) -> None:
+    """:meth:`ParamGroupConfig.validate` for the optimizer's param group ``index``, whose
+    groups the caller calls ``where`` (``"groups"``, ``"param_groups"``).
+
+    Raises:
+        ConfigError: its message starts ``param group <index>:``, its field is
+            ``<where>[<index>].<field>``.
+    """
+    try:
+        group.validate()
+    except ConfigError as exc:
+        raise ConfigError(
+            f"param group {index}: {exc.reason}",
+            field=f"{where}[{index}].{exc.field}",
+            actual=exc.actual,
+            expected=exc.expected,
+        ) from None
 
 
 @dataclass

@@ -7,14 +7,17 @@ from typing import Any
 
 from construct import Container
 
-from ..formats.adam import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
 from ..formats.primitives import U64_SIZE, product
+from ..formats.schema import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
 from .batches import RecordBatch
 from .errors import SchemaMismatchError, differs
 from .schema import ParameterSchema
 from .walker import Path, field_name
 
-__all__ = ["check_shape_field", "SchemaVisitorMixin", "schema_values"]
+__all__ = ["check_shape_field", "SCHEMA_BLOCKS", "SchemaVisitorMixin", "schema_values"]
+
+#: The top-level fields whose values :meth:`SchemaVisitorMixin.check_schema_field` judges.
+SCHEMA_BLOCKS = frozenset({SCHEMA[0], REPRESENTATIVES[0]})
 
 
 def _fmt(shape: Any) -> str:

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from construct import Container
 
 from ..formats import registry
@@ -26,19 +25,17 @@ from ..formats.tlckpt_optimizer import (
     GROUPS,
     MOMENT_DTYPES,
     RANDOM_COUNTER,
-    REPRESENTATIVES,
-    SCHEMA,
     SLOT_GROUPS,
 )
-from .adam_types import PayloadSink
 from .config import AdamConfig
 from .errors import ConfigError, EntryError, SchemaMismatchError, differs, names_the_file
-from .framed import check_trailing, read_framing
+from .framed import read_framed
+from .optimizer_reader import OptimizerReader
 from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
+from .payload_sinks import PayloadSink
 from .schema import ParameterSchema
-from .schema_check import SchemaVisitorMixin
-from .source import PathOrFile, open_source
-from .walker import Path, Visitor, field_name, parse
+from .source import PathOrFile
+from .walker import Path, field_name
 
 __all__ = [
     "OptimizerExpectation",
@@ -47,8 +44,7 @@ __all__ = [
     "scan_optimizer_state_sizes",
 ]
 
-_SCHEMA_BLOCKS = frozenset({SCHEMA[0], REPRESENTATIVES[0]})
-_GROUPS, _ENTRIES = GROUPS[0], ENTRIES[0]
+_GROUPS = GROUPS[0]
 #: Path lengths of a record of an array, ``(*ARRAY, i)``, and of one of its fields.
 _RECORD, _RECORD_FIELD = len(ENTRIES) + 1, len(ENTRIES) + 2
 
@@ -86,10 +82,11 @@ def _group_tag(group: int | None) -> int:
     return 0 if group is None else group + 1
 
 
-class _OptimizerReader(SchemaVisitorMixin, Visitor):
+class _OptimizerReader(OptimizerReader):
     """Checks each field against the stored schema and the destination as it is decoded."""
 
     layout = _Layout()
+    entries_field = ENTRIES[0]
 
     def __init__(
         self,
@@ -99,26 +96,15 @@ class _OptimizerReader(SchemaVisitorMixin, Visitor):
         sink: PayloadSink | None,
         skip_payloads: bool,
     ):
-        self.version = spec.version
         self.expect = expect
-        self.sink = sink
-        self.skip_payloads = skip_payloads
-        self.random_counter: int | None = None
         self.groups: list[ParamGroupConfig] = []
         self.slot_groups: tuple[int | None, ...] = ()
         self.entries: dict[int, OptimizerEntry] = {}
         self.last_id = -1
-        #: Bytes of each entry's payloads, as the spec sized them (payloads skipped only).
-        self.payload_bytes: dict[int, int] = {}
-        self.init_schema_check(schema)
+        self.init_reader(spec, schema, sink, skip_payloads)
 
-    def on_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
-        head = path[0]
-        if head in _SCHEMA_BLOCKS:
-            self.check_schema_field(path, value, offset, ctx)
-        elif head == _ENTRIES:
-            self._entry_field(path, value, offset, ctx)
-        elif head == _GROUPS:
+    def header_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+        if path[0] == _GROUPS:
             self._group_field(path, value, offset)
         elif path == GROUP_COUNT:
             want = self.expect.groups
@@ -211,7 +197,7 @@ class _OptimizerReader(SchemaVisitorMixin, Visitor):
 
     # ------------------------------------------------------------------ entries
 
-    def _entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
+    def entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         depth = len(path)
         if depth == _RECORD:  # a whole record: keep it
             self.entries[value.id] = OptimizerEntry(
@@ -243,10 +229,7 @@ class _OptimizerReader(SchemaVisitorMixin, Visitor):
                 message = f"entry for slot {ctx.id}: moments are {got} in the file, {want} expected"
                 raise differs(ConfigError, message, offset, path, got, want)
         elif name == "count":
-            want = self.schema.element_count(ctx.id)
-            if value != want:
-                message = f"entry for slot {ctx.id} has {value} elements, the slot has {want}"
-                raise differs(EntryError, message, offset, path, value, want)
+            self.check_entry_count(path, value, offset, ctx)
 
     def _expected_dtype(self, slot: int) -> str | None:
         expect = self.expect
@@ -255,22 +238,6 @@ class _OptimizerReader(SchemaVisitorMixin, Visitor):
         if expect.config is not None:
             return expect.config.dtype.value
         return None
-
-    def payload_buffer(
-        self, path: Path, count: int, dtype: np.dtype, ctx: Container, offset: int
-    ) -> Any:
-        if self.skip_payloads:
-            slot = int(ctx.id)
-            self.payload_bytes[slot] = self.payload_bytes.get(slot, 0) + count * dtype.itemsize
-            return None
-        if self.sink is not None:
-            return self.sink.buffer(int(ctx.id), path[-1], count, dtype)
-        return np.empty(count, dtype=dtype)
-
-    def payload_done(self, path: Path, buffer: Any, ctx: Container) -> Any:
-        if self.sink is not None:
-            return self.sink.done(int(ctx.id), path[-1], buffer)
-        return buffer
 
 
 def _shown(value: Any, want: Any) -> tuple[str, str]:
@@ -286,13 +253,13 @@ def _read(
     sink: PayloadSink | None,
     skip_payloads: bool,
 ) -> tuple[OptimizerCheckpoint, _OptimizerReader]:
-    with open_source(path) as src:
-        spec = read_framing(src, expect=OPTIMIZER_MAGIC)
-        reader = _OptimizerReader(spec, schema, expect, sink, skip_payloads)
-        parse(src, spec.struct, reader)
-        check_trailing(src)
+    reader, _ = read_framed(
+        path,
+        OPTIMIZER_MAGIC,
+        lambda spec: _OptimizerReader(spec, schema, expect, sink, skip_payloads),
+    )
     checkpoint = OptimizerCheckpoint(
-        spec.version,
+        reader.version,
         tuple(reader.groups),
         reader.slot_groups,
         reader.entries,

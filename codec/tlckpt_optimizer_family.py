@@ -19,11 +19,10 @@ import numpy as np
 
 from ..formats.framing import OPTIMIZER_MAGIC
 from ..formats.tlckpt_optimizer import GROUP_FLAGS, GROUP_FLOATS
-from .adam_family import SkipPayloads
 from .config import AdamKind
 from .destinations import AdamTarget, OptimizerTarget, parse_optimizer_target
 from .families import FamilyExample, FamilyHandler, register_family
-from .inspection import ElementCounts, file_size, float_entry
+from .inspection import file_size, float_entry, optimizer_contents
 from .optimizer_types import (
     MOMENT_DTYPE_NAMES,
     OptimizerCheckpoint,
@@ -31,6 +30,7 @@ from .optimizer_types import (
     ParamGroupConfig,
     moment_array_dtype,
 )
+from .payload_sinks import SkipPayloads
 from .schema import ParameterSchema
 from .source import PathOrFile
 from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state, scan_optimizer_state_sizes
@@ -95,36 +95,12 @@ class _OptimizerFamily(FamilyHandler):
     def describe(self, file: PathOrFile, max_json_bytes: int = 0) -> dict[str, Any]:
         """``inspect``'s description of a ``TLCKOPT`` file (``max_json_bytes``: unused)."""
         ckpt, payload_bytes = scan_optimizer_state_sizes(file)
-        schema = ckpt.schema
-        elements = ElementCounts()
-        slots = [
-            {
-                "slot": i,
-                "shape": list(shape),
-                "elements": elements[shape],
-                "trainable": schema.requires_grad[i],
-                "representative": schema.representative(i),
-                "group": ckpt.slot_groups[i],
-            }
-            for i, shape in enumerate(schema.shapes)
-        ]
-        entries = [
-            {
-                "id": i,
-                "step": e.step,
-                "dtype": e.dtype,
-                "elements": elements[schema.shapes[i]],
-                "bytes": payload_bytes[i],
-            }
-            for i, e in sorted(ckpt.entries.items())
-        ]
         return {
             **self.header(ckpt.version),
             "groups": [_group_entry(i, g) for i, g in enumerate(ckpt.groups)],
-            "random_counter": ckpt.random_counter,
-            "has_aliases": schema.has_aliases,
-            "slots": slots,
-            "entries": entries,
+            **optimizer_contents(
+                ckpt, payload_bytes, slot_groups=ckpt.slot_groups, entry_fields=("dtype",)
+            ),
             "bytes": file_size(file),
         }
 

@@ -14,16 +14,27 @@ import numpy as np
 
 from ..formats import registry
 from ..formats.framing import OPTIMIZER_MAGIC
-from ..formats.primitives import U64_MAX
 from ..formats.tlckpt_optimizer import WRITTEN_VERSION
-from .adam_writer import check_random_counter
 from .atomic import output
 from .builder import build as build_spec
 from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
-from .optimizer_types import OptimizerEntry, ParamGroupConfig, moment_array_dtype, moment_tag
+from .optimizer_types import (
+    OptimizerEntry,
+    ParamGroupConfig,
+    moment_array_dtype,
+    moment_tag,
+    validate_group,
+)
 from .schema import ParameterSchema
 from .schema_check import schema_values
 from .source import PathOrFile
+from .writer_checks import (
+    check_entry_step,
+    check_moments,
+    check_random_counter,
+    check_schema,
+    counter_values,
+)
 
 __all__ = ["write_optimizer_state"]
 
@@ -37,15 +48,7 @@ def _check_groups(groups: Sequence[ParamGroupConfig]) -> None:
                 f"param group {index} must be a ParamGroupConfig, got {type(group).__name__}",
                 field=f"groups[{index}]",
             )
-        try:
-            group.validate()
-        except ConfigError as exc:
-            raise ConfigError(
-                f"param group {index}: {exc.reason}",
-                field=f"groups[{index}].{exc.field}",
-                actual=exc.actual,
-                expected=exc.expected,
-            ) from None
+        validate_group(group, index, "groups")
 
 
 def _check_slot_groups(
@@ -79,27 +82,12 @@ def _check_entry(
     slot: int, entry: Any, schema: ParameterSchema, amsgrad: bool
 ) -> tuple[int, np.dtype]:
     """The entry's dtype tag and array dtype, once every part of it is checked."""
-    step = getattr(entry, "step", None)
-    integral = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
-    if not integral or not 1 <= step <= U64_MAX:
-        raise EntryError(f"entry for slot {slot}: step must be an integer >= 1, got {step!r}")
+    check_entry_step(slot, entry)
     tag = moment_tag(getattr(entry, "dtype", None))
     dtype = moment_array_dtype(entry.dtype)
-    count = schema.element_count(slot)
     names = ("m", "v", "max_exp_avg_sq") if amsgrad else ("m", "v")
-    for name in names:
-        array = getattr(entry, name, None)
-        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.size != count:
-            got = (
-                f"{array.dtype} with {array.size} elements"
-                if isinstance(array, np.ndarray)
-                else type(array).__name__
-            )
-            raise EntryError(
-                f"entry for slot {slot}: {name} must be {dtype} with {count} elements"
-                f" ({entry.dtype} moments), got {got}",
-                field=f"entries[{slot}].{name}",
-            )
+    count = schema.element_count(slot)
+    check_moments(slot, entry, names, dtype, count, f" ({entry.dtype} moments)")
     if not amsgrad and getattr(entry, "max_exp_avg_sq", None) is not None:
         raise EntryError(
             f"entry for slot {slot}: its group has no amsgrad, so it has no max_exp_avg_sq",
@@ -163,8 +151,7 @@ def write_optimizer_state(
             left at ``path`` beyond the previous file.
         OSError: from the file system.
     """
-    if not isinstance(schema, ParameterSchema) or not schema.is_well_formed():
-        raise SchemaMismatchError("the parameter schema is not well-formed", actual=schema)
+    check_schema(schema)
     _check_groups(groups)
     _check_slot_groups(schema, slot_groups, len(groups))
     check_random_counter(random_counter)
@@ -187,8 +174,7 @@ def write_optimizer_state(
     if spec is None:  # pragma: no cover - registered by tlckpt.formats itself
         raise CheckpointError(f"TLCKOPT version {WRITTEN_VERSION} is not registered")
     values = {
-        "counter_flag": 0 if random_counter is None else 1,
-        "random_counter": None if random_counter is None else int(random_counter),
+        **counter_values(random_counter),
         "group_count": len(groups),
         "groups": [g.values() for g in groups],
         **schema_values(schema),

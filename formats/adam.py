@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from construct import Array, Construct, If, IfThenElse, Struct, this
 
-from .framing import ADAM_MAGIC, framed
-from .primitives import F64, U64, Payload, TextEnum, Valid, field_path, unwrap
-from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK
+from .framing import ADAM_MAGIC, VERSION, framed
+from .primitives import F64, U64, Payload, TextEnum, Valid, field_path, flag, unwrap
+from .schema import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS, schema_fields
 
 __all__ = [
     "AdamKind",
@@ -21,6 +21,8 @@ __all__ = [
     "KIND_TAGS",
     "DTYPE_TAGS",
     "HYPERPARAMETERS",
+    "OPTIONAL_COUNTER",
+    "kind_tag",
     "adam_entry",
     "ADAM_V2",
     "ADAM_V3",
@@ -64,11 +66,25 @@ KIND_TAGS = {int(kind): kind.name.lower() for kind in AdamKind}
 #: v5 moment dtype tag → numpy dtype of the payloads; v2 to v4 store the first.
 DTYPE_TAGS = {int(DtypeTag.FLOAT32): "<f4", int(DtypeTag.FLOAT64): "<f8"}
 
-_KIND = Valid(U64, lambda v, _: v in KIND_TAGS, expected="0 (Adam) or 1 (AdamW)", category="config")
+
+def kind_tag() -> Valid:
+    """The u64 kind tag of an update rule: a key of :data:`KIND_TAGS` (``TLADAMF``'s
+    ``kind``, and each ``TLCKOPT`` param group's)."""
+    return Valid(
+        U64, lambda v, _: v in KIND_TAGS, expected="0 (Adam) or 1 (AdamW)", category="config"
+    )
+
+
 _DTYPE_TAG = Valid(
     U64, lambda v, _: v in DTYPE_TAGS, expected="0 (float32) or 1 (float64)", category="config"
 )
-_COUNTER_FLAG = Valid(U64, lambda v, _: v in (0, 1), expected="0 or 1", category="config")
+
+#: v5's optional random counter: a flag, then the counter only where the flag is 1 (the
+#: ``TLCKOPT`` family stores it the same way).
+OPTIONAL_COUNTER = (
+    "counter_flag" / flag("config") * "0 = absent, 1 = present",
+    "random_counter" / If(this.counter_flag == 1, U64) * "random-number counter, if flagged",
+)
 
 #: The four moment-defining floats, stored as their exact binary64 bits.
 HYPERPARAMETERS = Struct(
@@ -97,13 +113,13 @@ def _entries(dtype) -> list:
     ]
 
 
-_HEADER = ["kind" / _KIND * "0 = Adam, 1 = AdamW", "config" / HYPERPARAMETERS]
+_HEADER = ["kind" / kind_tag() * "0 = Adam, 1 = AdamW", "config" / HYPERPARAMETERS]
 
 #: v2: float32 moments, no alias map. Cannot describe tied weights.
 ADAM_V2 = Struct(
     *framed(ADAM_MAGIC, 2),
     *_HEADER,
-    "schema" / SCHEMA_BLOCK,
+    *schema_fields(representatives=False),
     *_entries(DTYPE_TAGS[DtypeTag.FLOAT32]),
 )
 
@@ -111,8 +127,7 @@ ADAM_V2 = Struct(
 ADAM_V3 = Struct(
     *framed(ADAM_MAGIC, 3),
     *_HEADER,
-    "schema" / SCHEMA_BLOCK,
-    "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
+    *schema_fields(),
     *_entries(DTYPE_TAGS[DtypeTag.FLOAT32]),
 )
 
@@ -121,8 +136,7 @@ ADAM_V4 = Struct(
     *framed(ADAM_MAGIC, 4),
     *_HEADER,
     "random_counter" / U64 * "random-number counter",
-    "schema" / SCHEMA_BLOCK,
-    "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
+    *schema_fields(),
     *_entries(DTYPE_TAGS[DtypeTag.FLOAT32]),
 )
 
@@ -131,26 +145,21 @@ ADAM_V5 = Struct(
     *framed(ADAM_MAGIC, 5),
     "dtype_tag" / _DTYPE_TAG * "0 = float32, 1 = float64",
     *_HEADER,
-    "counter_flag" / _COUNTER_FLAG * "0 = absent, 1 = present",
-    "random_counter" / If(this.counter_flag == 1, U64) * "random-number counter, if flagged",
-    "schema" / SCHEMA_BLOCK,
-    "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
+    *OPTIONAL_COUNTER,
+    *schema_fields(),
     *_entries(lambda ctx: DTYPE_TAGS[ctx._root.dtype_tag]),
 )
 
 ADAM_VERSIONS = {2: ADAM_V2, 3: ADAM_V3, 4: ADAM_V4, 5: ADAM_V5}
 
-# Spec paths readers act on (a reader dispatches on these, never on a path's depth).
-VERSION = field_path(ADAM_V2, "version")
+# Spec paths readers act on (a reader dispatches on these, never on a path's depth); the
+# version's is formats.framing's, those of the schema blocks (SCHEMA, SLOT_COUNT, SLOTS,
+# REPRESENTATIVES) formats.schema's. COUNTER_FLAG and RANDOM_COUNTER are OPTIONAL_COUNTER's.
 DTYPE_TAG = field_path(ADAM_V5, "dtype_tag")
 KIND = field_path(ADAM_V2, "kind")
 CONFIG = field_path(ADAM_V2, "config")
 COUNTER_FLAG = field_path(ADAM_V5, "counter_flag")
 RANDOM_COUNTER = field_path(ADAM_V4, "random_counter")
-SCHEMA = field_path(ADAM_V2, "schema")
-SLOT_COUNT = field_path(ADAM_V2, "schema", "slot_count")
-SLOTS = field_path(ADAM_V2, "schema", "slots")
-REPRESENTATIVES = field_path(ADAM_V3, "representatives")
 ENTRY_COUNT = field_path(ADAM_V2, "entry_count")
 ENTRIES = field_path(ADAM_V2, "entries")
 

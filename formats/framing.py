@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from construct import Bytes, Const, Struct
 
-from .primitives import U64, unpack_u64
+from .primitives import U64, field_path, unpack_u64
 
 __all__ = [
     "MAGIC_SIZE",
     "VERSION_OFFSET",
     "FRAMING_SIZE",
     "FRAMING",
+    "VERSION",
     "ADAM_MAGIC",
     "FLOAT32_STATE_MAGIC",
     "OPTIMIZER_MAGIC",
@@ -35,6 +36,9 @@ FRAMING = Struct(
     "magic" / Bytes(MAGIC_SIZE) * "ASCII family tag",
     "version" / U64 * "format version within the family",
 )
+
+#: The spec path of the version, the same in every version spec (:func:`framed`).
+VERSION = field_path(FRAMING, "version")
 
 #: Where the version starts, and how many bytes the framing takes.
 VERSION_OFFSET = MAGIC_SIZE

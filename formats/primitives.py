@@ -44,6 +44,7 @@ __all__ = [
     "InvalidField",
     "Valid",
     "Payload",
+    "flag",
     "product",
     "unwrap",
     "field_path",
@@ -148,6 +149,16 @@ class Valid(Subconstruct):
         if not self.check(obj, context):
             raise self._fail(obj, path)
         return self.subcon._build(obj, stream, context, path)
+
+
+def _zero_or_one(value: Any, _: Any) -> bool:
+    return value in (0, 1)
+
+
+def flag(category: str) -> Valid:
+    """A u64 that must be 0 or 1 (a yes/no field); any other value is an error of
+    ``category``."""
+    return Valid(U64, _zero_or_one, expected="0 or 1", category=category)
 
 
 class Payload(Construct):

@@ -7,11 +7,21 @@ stores it; versions from 3 on add one representative tag per slot (0 = frozen,
 
 from __future__ import annotations
 
-from construct import Array, Struct, this
+from construct import Array, Construct, Struct, this
 
-from .primitives import U64, Valid, product
+from .primitives import U64, Valid, field_path, flag, product
 
-__all__ = ["SHAPE_FIELDS", "SLOT", "SCHEMA_BLOCK", "REPRESENTATIVES_BLOCK"]
+__all__ = [
+    "SHAPE_FIELDS",
+    "SLOT",
+    "SCHEMA_BLOCK",
+    "REPRESENTATIVES_BLOCK",
+    "schema_fields",
+    "SCHEMA",
+    "SLOT_COUNT",
+    "SLOTS",
+    "REPRESENTATIVES",
+]
 
 #: A tensor's shape as every record that carries one stores it (a schema slot, a ``TLSF32B``
 #: tensor): rank, the dims, and their product, checked.
@@ -30,9 +40,7 @@ SHAPE_FIELDS = (
 
 SLOT = Struct(
     *SHAPE_FIELDS,
-    "requires_grad"
-    / Valid(U64, lambda value, ctx: value in (0, 1), expected="0 or 1", category="schema")
-    * "1 if the slot is trainable, else 0",
+    "requires_grad" / flag("schema") * "1 if the slot is trainable, else 0",
 )
 
 SCHEMA_BLOCK = Struct(
@@ -42,3 +50,26 @@ SCHEMA_BLOCK = Struct(
 
 #: One tag per slot of the schema block that precedes it: 0 frozen, ``rep + 1`` otherwise.
 REPRESENTATIVES_BLOCK = Array(this.schema.slot_count, U64)
+
+
+def schema_fields(representatives: bool = True) -> tuple[Construct, ...]:
+    """The top-level ``schema`` field, and the ``representatives`` field after it unless
+    ``representatives`` is false, as every optimizer file stores them (``TLADAMF`` v2 has no
+    alias map; its later versions and ``TLCKOPT`` have one).
+    """
+    schema = "schema" / SCHEMA_BLOCK
+    if not representatives:
+        return (schema,)
+    return (
+        schema,
+        "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
+    )
+
+
+# Spec paths of the two blocks, the same in every file that stores them (at its top level,
+# through schema_fields): the schema check the optimizer families share dispatches on these.
+_STORED = Struct(*schema_fields())
+SCHEMA = field_path(_STORED, "schema")
+SLOT_COUNT = field_path(_STORED, "schema", "slot_count")
+SLOTS = field_path(_STORED, "schema", "slots")
+REPRESENTATIVES = field_path(_STORED, "representatives")

@@ -31,10 +31,10 @@ from typing import Any
 
 from construct import Array, If, Struct, this
 
-from .adam import KIND_TAGS
-from .framing import OPTIMIZER_MAGIC, framed
-from .primitives import F64, U64, Payload, Valid, field_path
-from .schema import REPRESENTATIVES_BLOCK, SCHEMA_BLOCK
+from .adam import COUNTER_FLAG, OPTIONAL_COUNTER, RANDOM_COUNTER, kind_tag
+from .framing import OPTIMIZER_MAGIC, VERSION, framed
+from .primitives import F64, U64, Payload, Valid, field_path, flag
+from .schema import REPRESENTATIVES, SCHEMA, SLOTS, schema_fields
 from .state_bits import encoding_by_name
 
 __all__ = [
@@ -88,15 +88,11 @@ def _non_negative(value: float, _: Any) -> bool:
     return value >= 0.0  # NaN fails; -0.0 and +inf pass, as torch.optim.Adam accepts them
 
 
-def _flag(doc: str) -> Any:
-    return Valid(U64, lambda v, _: v in (0, 1), expected="0 or 1", category="config") * doc
-
-
 #: One param group: every hyperparameter that decides what its moments mean, and its learning
 #: rate. The checks are torch.optim.Adam's own rules, so any group torch accepts is stored.
 PARAM_GROUP = Struct(
     "kind"
-    / Valid(U64, lambda v, _: v in KIND_TAGS, expected="0 (Adam) or 1 (AdamW)", category="config")
+    / kind_tag()
     * "0 = Adam (weight decay added to the gradient), 1 = AdamW (decoupled weight decay)",
     "beta1"
     / Valid(F64, _beta, expected="0 <= beta1 < 1", category="config")
@@ -113,8 +109,8 @@ PARAM_GROUP = Struct(
     "lr"
     / Valid(F64, _non_negative, expected=">= 0 (not NaN)", category="config")
     * "learning rate when saved, binary64 bits (a load keeps the live optimizer's)",
-    "amsgrad" / _flag("1: the group's entries hold max_exp_avg_sq"),
-    "maximize" / _flag("1: the group maximises its objective (steps along the gradient)"),
+    "amsgrad" / flag("config") * "1: the group's entries hold max_exp_avg_sq",
+    "maximize" / flag("config") * "1: the group maximises its objective (steps along the gradient)",
 )
 
 #: The group fields that are binary64 values, and those that are 0/1 flags, in file order.
@@ -195,12 +191,10 @@ MOMENTS = ("m", "v", "max_exp_avg_sq")
 #: amsgrad's ``max_exp_avg_sq``, and no entry for a slot without state.
 OPTIMIZER_V1 = Struct(
     *framed(OPTIMIZER_MAGIC, 1),
-    "counter_flag" / _flag("0 = absent, 1 = present"),
-    "random_counter" / If(this.counter_flag == 1, U64) * "random-number counter, if flagged",
+    *OPTIONAL_COUNTER,
     "group_count" / U64 * "number of param groups: the optimizer's param_groups, in order",
     "groups" / Array(this.group_count, PARAM_GROUP) * "one record per param group",
-    "schema" / SCHEMA_BLOCK,
-    "representatives" / REPRESENTATIVES_BLOCK * "0 frozen, representative + 1 otherwise",
+    *schema_fields(),
     "slot_groups"
     / Array(this.schema.slot_count, U64)
     * "per slot: g + 1 for a representative slot in param group g, 0 for the others",
@@ -214,16 +208,12 @@ OPTIMIZER_VERSIONS = {1: OPTIMIZER_V1}
 #: The version writers produce.
 WRITTEN_VERSION = 1
 
-# Spec paths readers act on. The schema blocks are TorchLean's, under TorchLean's names, so
-# the schema check shared with TLADAMF applies to them unchanged.
-VERSION = field_path(OPTIMIZER_V1, "version")
-COUNTER_FLAG = field_path(OPTIMIZER_V1, "counter_flag")
-RANDOM_COUNTER = field_path(OPTIMIZER_V1, "random_counter")
+# Spec paths readers act on. The schema blocks are TorchLean's, under TorchLean's names
+# (schema_fields), so their paths (SCHEMA, SLOTS, REPRESENTATIVES) are formats.schema's and
+# the schema check shared with TLADAMF applies to them unchanged; VERSION is the framing's,
+# COUNTER_FLAG and RANDOM_COUNTER those of TLADAMF v5's OPTIONAL_COUNTER, stored here too.
 GROUP_COUNT = field_path(OPTIMIZER_V1, "group_count")
 GROUPS = field_path(OPTIMIZER_V1, "groups")
-SCHEMA = field_path(OPTIMIZER_V1, "schema")
-SLOTS = field_path(OPTIMIZER_V1, "schema", "slots")
-REPRESENTATIVES = field_path(OPTIMIZER_V1, "representatives")
 SLOT_GROUPS = field_path(OPTIMIZER_V1, "slot_groups")
 ENTRY_COUNT = field_path(OPTIMIZER_V1, "entry_count")
 ENTRIES = field_path(OPTIMIZER_V1, "entries")

@@ -24,7 +24,7 @@ import torch
 
 from ..codec.config import AdamConfig, AdamKind
 from ..codec.errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError
-from ..codec.optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig
+from ..codec.optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig, validate_group
 from ..codec.torchlean_fit import TorchLeanFit, torchlean_fit
 from .slots import ModuleOrParams, ParameterSlots, parameter_slots
 
@@ -101,15 +101,7 @@ def _group_config(optimizer: torch.optim.Optimizer, index: int, group: dict) -> 
         bool(group.get("amsgrad", False)),
         bool(group.get("maximize", False)),
     )
-    try:
-        config.validate()
-    except ConfigError as exc:
-        raise ConfigError(
-            f"param group {index}: {exc.reason}",
-            field=f"param_groups[{index}].{exc.field}",
-            actual=exc.actual,
-            expected=exc.expected,
-        ) from None
+    validate_group(config, index, "param_groups")
     return config
 
 

@@ -9,7 +9,10 @@
 * :mod:`tlckpt.testing.models` — a small model with tied, frozen and buffer state, its
   deterministic training, Adam/AdamW in every implementation (needs ``torch``);
 * :mod:`tlckpt.testing.bitwise` — bit-for-bit comparisons and snapshots of tensors, modules
-  and optimizers (needs ``torch``).
+  and optimizers (needs ``torch``);
+* :mod:`tlckpt.testing.recipes` — the models and param groups of real training recipes
+  (``transformers``' GPT-2 and BERT of any size, the Trainer's and timm's groups), for the
+  resume tests and the optimizer benchmark (needs ``torch`` and ``transformers``).
 
 None of them is imported here, so ``import tlckpt.testing`` needs neither a test dependency
 nor torch.

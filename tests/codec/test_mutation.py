@@ -220,6 +220,20 @@ def _fields(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
         pos += 8
         return value
 
+    def schema(representatives: bool) -> int:
+        """The schema block (FORMAT.md §2), then the representatives block if the version
+        has one; the slot count."""
+        slots = take("slot_count")
+        for s in range(slots):
+            for j in range(take(f"s{s}.rank")):
+                take(f"s{s}.dims[{j}]")
+            take(f"s{s}.element_count")
+            take(f"s{s}.requires_grad")
+        if representatives:
+            for s in range(slots):
+                take(f"representatives[{s}]")
+        return slots
+
     version = take("version")
     if data[:7] == b"TLCKOPT":
         # counter flag and counter; groups (kind, five binary64, two flags); schema block,
@@ -233,14 +247,7 @@ def _fields(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
                 take(f"g{g}.{name}")
             amsgrad.append(take(f"g{g}.amsgrad"))
             take(f"g{g}.maximize")
-        slots = take("slot_count")
-        for s in range(slots):
-            for j in range(take(f"s{s}.rank")):
-                take(f"s{s}.dims[{j}]")
-            take(f"s{s}.element_count")
-            take(f"s{s}.requires_grad")
-        for s in range(slots):
-            take(f"representatives[{s}]")
+        slots = schema(representatives=True)
         tags = [take(f"slot_groups[{s}]") for s in range(slots)]
         for e in range(take("entry_count")):
             slot = take(f"e{e}.id")
@@ -269,15 +276,7 @@ def _fields(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
     flag = take("counter_flag") if version == 5 else int(version == 4)
     if flag:
         take("random_counter")
-    slots = take("slot_count")
-    for s in range(slots):
-        for j in range(take(f"s{s}.rank")):
-            take(f"s{s}.dims[{j}]")
-        take(f"s{s}.element_count")
-        take(f"s{s}.requires_grad")
-    if version >= 3:
-        for s in range(slots):
-            take(f"representatives[{s}]")
+    schema(representatives=version >= 3)
     for e in range(take("entry_count")):
         take(f"e{e}.id")
         take(f"e{e}.step")

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlckpt.codec import (
-    AdamConfig,
     AdamEntry,
     AdamKind,
     CheckpointError,
@@ -47,6 +46,7 @@ from tlckpt.codec.walker import interpreted
 from tlckpt.formats import ADAM_MAGIC, OPTIMIZER_MAGIC, OPTIMIZER_V1, known_versions
 from tlckpt.formats import adam as adam_spec
 from tlckpt.formats import tlckpt_optimizer as spec
+from tlckpt.testing.adam import adamw_config
 from tlckpt.testing.strategies import OptimizerState, optimizer_states
 from tlckpt.testing.vectors import float_to_bits
 
@@ -209,7 +209,7 @@ def _offsets(data: bytes) -> dict[str, int]:
     return at
 
 
-CONFIG = AdamConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01)
+CONFIG = adamw_config()
 
 
 def _adam_entries(schema: ParameterSchema) -> dict[int, AdamEntry]:

@@ -2,13 +2,9 @@
 libraries build, and a driver that trains, saves, resumes and compares bit for bit.
 
 * Hugging Face ``transformers`` models built from tiny configs (nothing is downloaded): GPT-2
-  with its tied embedding/output weights, BERT with a pooler that one loss never reaches. Their
-  param groups are the Trainer's own: ``Trainer.get_decay_parameter_names`` (weight decay for
-  weights, 0.0 for biases and LayerNorm), as ``Trainer.create_optimizer`` builds them.
-* timm's split: :func:`timm_param_groups` mirrors ``timm.optim._param_groups
-  .param_groups_weight_decay`` (what ``create_optimizer_v2(weight_decay=...)`` uses): no decay
-  for ``ndim <= 1`` and ``.bias``, the no-decay group first. timm needs torchvision, which does
-  not install beside this torch, so the rule is written out here.
+  with its tied embedding/output weights, BERT with a pooler that one loss never reaches, with
+  the Trainer's param groups; and timm's ``ndim <= 1`` split
+  (:mod:`tlckpt.testing.recipes`, which the benchmarks build their larger models from).
 * A small language model (:class:`~runtime_support.TiedNet`-like: tied embedding, BatchNorm)
   for the rest: amsgrad, bfloat16 and float16 parameters, groups differing in betas/eps,
   ``maximize``, Adam with L2 weight decay.
@@ -26,49 +22,28 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
-from transformers.trainer import Trainer
+from transformers import GPT2LMHeadModel
 
 from tlckpt.runtime import load_optimizer, load_state_bits, save_optimizer, save_state_bits
 from tlckpt.testing.bitwise import bits, modules_equal, optimizer_states_equal
 from tlckpt.testing.models import CUDA_IMPLS
+from tlckpt.testing.recipes import (
+    ParamGroups,
+    TransformerSize,
+    bert,
+    gpt2,
+    hf_param_groups,
+    timm_param_groups,
+)
 
 VOCAB, SEQ, BATCH = 24, 6, 3
+#: The transformers' tiny size.
+TINY = TransformerSize(VOCAB, SEQ, hidden_size=8, num_hidden_layers=1, num_attention_heads=2)
 
 transformers.logging.set_verbosity_error()  # its notes on tiny configs are not the test's
 
-ParamGroups = list[dict[str, Any]]
-
 
 # ------------------------------------------------------------------------------ models
-
-
-def gpt2(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """GPT-2 from a tiny config: tied ``wte``/``lm_head``, dropout on."""
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=SEQ,
-        n_embd=8,
-        n_layer=1,
-        n_head=2,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return GPT2LMHeadModel(config).to(dtype)
-
-
-def bert(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """BERT from a tiny config, with its pooler (which a loss on the tokens never reaches)."""
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        max_position_embeddings=SEQ,
-        pad_token_id=0,
-    )
-    return BertModel(config, add_pooling_layer=True).to(dtype)
 
 
 class ConvNet(torch.nn.Module):
@@ -107,30 +82,6 @@ class TinyLM(torch.nn.Module):
 
 
 # ------------------------------------------------------------------------------ groups
-
-
-def hf_param_groups(model: torch.nn.Module, weight_decay: float = 0.01) -> ParamGroups:
-    """``transformers.Trainer.create_optimizer``'s two groups, from the Trainer's own rule."""
-    decay = set(Trainer.get_decay_parameter_names(None, model))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [
-        {"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
-        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
-    ]
-
-
-def timm_param_groups(model: torch.nn.Module, weight_decay: float = 0.05) -> ParamGroups:
-    """``timm.optim._param_groups.param_groups_weight_decay``: no decay for ``ndim <= 1``
-    and biases (the no-decay group first, as timm builds it)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
-    return [
-        {"params": no_decay, "weight_decay": 0.0},
-        {"params": decay, "weight_decay": weight_decay},
-    ]
 
 
 def betas_eps_groups(model: torch.nn.Module) -> ParamGroups:
@@ -221,10 +172,10 @@ def _tiny(dtype: torch.dtype) -> Callable[[], torch.nn.Module]:
 RECIPES = {
     r.name: r
     for r in (
-        Recipe("hf_gpt2_two_groups", gpt2, hf_param_groups, lm_loss),
+        Recipe("hf_gpt2_two_groups", lambda: gpt2(TINY), hf_param_groups, lm_loss),
         Recipe(
             "hf_bert_unused_pooler",
-            bert,
+            lambda: bert(TINY, intermediate_size=16),
             hf_param_groups,
             token_loss,
             no_state=("pooler.dense.weight", "pooler.dense.bias"),
