@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from .placement_protocol import Placement
 from .tensors import HostBuffer
 
 __all__ = ["LocalPlacement", "LocalReceiver", "LOCAL"]
@@ -55,23 +56,15 @@ class LocalReceiver:
         return self.parts
 
 
-class LocalPlacement:
-    """See :class:`~.placement.Placement`: one process, no communication."""
+class LocalPlacement(Placement):
+    """See :class:`~.placement_protocol.Placement`: one process, no communication (never
+    :meth:`~.placement_protocol.Placement.parallel`)."""
 
     touches_file = True
     reads_in_place = True
 
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Nothing to refuse: any local tensor can be moved."""
-
-    def parallel(
-        self,
-        path: Any,
-        operation: str,
-        tensors: list[torch.Tensor],
-        why_not: Callable[[], str | None] | None = None,
-    ) -> bool:
-        return False  # the one process writes and reads the file itself anyway
 
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:
         return work()

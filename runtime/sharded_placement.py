@@ -35,6 +35,7 @@ from .collectives import (
     share_verdict,
     writer_runs,
 )
+from .placement_protocol import Placement, WhyNot
 from .tensors import HostBuffer
 
 __all__ = ["ShardedPlacement", "ScatterReceiver"]
@@ -68,8 +69,9 @@ class ScatterReceiver:
         return self.stream.parts  # type: ignore[return-value]  # complete once agreed
 
 
-class ShardedPlacement:
-    """See :class:`~.placement.Placement`: every rank of the default group, rank 0 the file."""
+class ShardedPlacement(Placement):
+    """See :class:`~.placement_protocol.Placement`: every rank of the default group, rank 0 the
+    file."""
 
     reads_in_place = False
 
@@ -82,11 +84,7 @@ class ShardedPlacement:
             check_mesh(name, t)
 
     def parallel(
-        self,
-        path: Any,
-        operation: str,
-        tensors: list[torch.Tensor],
-        why_not: Callable[[], str | None] | None = None,
+        self, path: Any, operation: str, tensors: list[torch.Tensor], why_not: WhyNot = None
     ) -> bool:
         from .io_choice import choose
         from .positional import unsupported
