@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -38,16 +37,18 @@ from ..codec.adam import read_adam, validate_adam, write_adam
 from ..codec.adam_types import AdamEntry
 from ..codec.adam_writer import adam_layout
 from ..codec.config import AdamConfig, float_bits
-from ..codec.errors import CheckpointError, ConfigError, EntryError
+from ..codec.errors import CheckpointError, ConfigError
 from ..codec.families import families_differ
 from ..codec.inspection import sniff_family
 from ..codec.optimizer_types import OptimizerEntry
 from ..codec.source import PathOrFile, open_source
 from ..codec.tlckpt_optimizer import read_optimizer_state
 from ..codec.tlckpt_optimizer_writer import write_optimizer_state
-from ..formats.tlckpt_optimizer import GROUP_FLOATS, MOMENTS
-from .adam_binding import AdamBinding, bind_optimizer, step_tensor, step_value
-from .dtensors import fingerprint, is_dtensor, like_dtensor, local_tensor, spec_of
+from ..formats.tlckpt_optimizer import GROUP_FLOATS
+from . import adam_moments
+from .adam_binding import AdamBinding, bind_optimizer
+from .adam_moments import SlotState
+from .dtensors import fingerprint, local_tensor, spec_of
 from .placement import Placement, Receiver, Take
 from .plans import OptimizerPlan
 from .positional import read_pieces, save_pieces
@@ -58,12 +59,6 @@ __all__ = ["save", "plan_load", "TORCHLEAN_FAMILY", "OWN_FAMILY"]
 
 #: The families' names in the codec's family registry.
 TORCHLEAN_FAMILY, OWN_FAMILY = "adam", "tlckpt_optimizer"
-#: A live state's key for each moment payload of an entry, in the entry's order.
-_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-#: Items per slot in a load's receiver: one per moment payload an entry can hold (``m`` of
-#: slot ``s`` is item ``3 * s``, ``v`` item ``3 * s + 1``, ``max_exp_avg_sq`` ``3 * s + 2``).
-_PER_SLOT = len(MOMENTS)
-_ITEM_OF_FIELD = {name: k for k, name in enumerate(MOMENTS)}
 
 
 def _layout(kind: str, binding: AdamBinding, extra: Any = None) -> bytes:
@@ -84,52 +79,6 @@ def _layout(kind: str, binding: AdamBinding, extra: Any = None) -> bytes:
     return fingerprint(
         kind, described, slots.schema.representatives, binding.group_index, settings, extra
     )
-
-
-def _amsgrad(binding: AdamBinding, slot: int) -> bool:
-    group = binding.groups[slot]
-    return bool(group is not None and group.get("amsgrad", False))
-
-
-@dataclass(frozen=True)
-class _SlotState:
-    """A representative slot's state as saved: its step and its moments' state keys."""
-
-    step: int
-    keys: tuple[str, ...]
-
-
-def _checked_states(binding: AdamBinding) -> dict[int, _SlotState]:
-    """Each representative slot that has state (ascending): its step, after checking that
-    its state is complete and typed like its parameter."""
-    slots, state = binding.slots, binding.optimizer.state
-    states: dict[int, _SlotState] = {}
-    for i in slots.schema.representative_slots:
-        p = slots.tensors[i]
-        entry = state.get(p)
-        if not entry:
-            continue  # no state yet: no entry (TLCKOPT), or a refusal (TLADAMF)
-        amsgrad = _amsgrad(binding, i)
-        keys = _STATE_KEYS if amsgrad else _STATE_KEYS[:2]
-        for key in ("step", *keys):
-            if key not in entry:
-                raise EntryError(f"{slots.label(i)}: optimizer state has no {key!r}")
-        if not amsgrad and _STATE_KEYS[2] in entry:
-            raise EntryError(
-                f"{slots.label(i)}: optimizer state has a {_STATE_KEYS[2]!r} but its param"
-                " group has amsgrad=False; saving would lose it",
-                field=f"slot {i}.{_STATE_KEYS[2]}",
-            )
-        for key in keys:
-            moment = entry[key]
-            if moment.dtype != p.dtype or moment.shape != p.shape:
-                raise ConfigError(
-                    f"{slots.label(i)}: {key} is {moment.dtype} {tuple(moment.shape)}, the"
-                    f" parameter {p.dtype} {tuple(p.shape)}",
-                    field=f"slot {i}.{key}",
-                )
-        states[i] = _SlotState(step_value(entry["step"], f"{slots.label(i)} step"), keys)
-    return states
 
 
 def _host_moment(t: torch.Tensor, staging: HostBuffer) -> np.ndarray:
@@ -154,7 +103,7 @@ class _Entries(Mapping[int, Any]):
     def __init__(
         self,
         binding: AdamBinding,
-        states: dict[int, _SlotState],
+        states: dict[int, SlotState],
         take: Take,
         make: Callable[[int, int, list[np.ndarray]], Any],
     ):
@@ -167,7 +116,7 @@ class _Entries(Mapping[int, Any]):
             self.first[slot] = item
             item += len(state.keys)
         pin = any(t.device.type == "cuda" for t in binding.slots.tensors)
-        self.staging = [HostBuffer(pin) for _ in _STATE_KEYS]
+        self.staging = [HostBuffer(pin) for _ in adam_moments.STATE_KEYS]
 
     def __getitem__(self, slot: int) -> Any:
         state = self.states.get(slot)
@@ -200,11 +149,11 @@ def save(
         The version written (on every rank): 2 to 5 for ``TLADAMF``, 1 for ``TLCKOPT``.
     """
 
-    def check() -> tuple[AdamBinding, dict[int, _SlotState], Any, list[torch.Tensor]]:
+    def check() -> tuple[AdamBinding, dict[int, SlotState], Any, list[torch.Tensor]]:
         binding = bind_optimizer(optimizer, module_or_params)
         slots = binding.slots
         placement.check(zip(slots.names, slots.tensors))
-        states = _checked_states(binding)
+        states = adam_moments.checked_states(binding)
         fit = binding.fit(has_state=states.__contains__)
         if require_torchlean and not fit.fits:
             raise fit.refusal()
@@ -215,7 +164,7 @@ def save(
         return binding, states, fit, moments
 
     def layout(
-        checked: tuple[AdamBinding, dict[int, _SlotState], Any, list[torch.Tensor]],
+        checked: tuple[AdamBinding, dict[int, SlotState], Any, list[torch.Tensor]],
     ) -> bytes:
         binding, states, fit, moments = checked
         described, k = [], 0
@@ -250,7 +199,7 @@ def save(
         )
 
     # The codec holds one entry's moments at a time: m and v (and max_exp_avg_sq).
-    lanes = 2 if fit.fits else _PER_SLOT
+    lanes = 2 if fit.fits else adam_moments.PER_SLOT
     version = placement.gather(moments, lanes, write)
     return int(placement.share(version))
 
@@ -284,7 +233,7 @@ class _MomentSink:
         self.values = torch.empty(0)  # the buffer being read into
 
     def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
-        item = _PER_SLOT * record + _ITEM_OF_FIELD[field]
+        item = adam_moments.item(record, field)
         torch_dtype = self.tensors[record].dtype
         if torch.empty((), dtype=torch_dtype).element_size() != dtype.itemsize:
             raise CheckpointError(  # pragma: no cover - the readers compare the dtypes first
@@ -294,49 +243,7 @@ class _MomentSink:
         return to_host(self.values)
 
     def done(self, record: int, field: str, buffer: Any) -> None:
-        self.receiver.put(_PER_SLOT * record + _ITEM_OF_FIELD[field], self.values)
-
-
-def _shaped_like(flat: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    # Adam creates its moments with zeros_like(p, memory_format=preserve_format): keep the
-    # parameter's layout (channels_last, ...) so the optimizer sees what it would have made.
-    values = flat.view(param.shape)
-    if param.is_contiguous():
-        return values
-    out = torch.empty_like(param, memory_format=torch.preserve_format, requires_grad=False)
-    return out.copy_(values)
-
-
-def _moment(part: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A new moment for ``param`` from this process's part of the file's values (as a
-    DTensor laid out like ``param`` when it is one)."""
-    return like_dtensor(part, param) if is_dtensor(param) else _shaped_like(part, param)
-
-
-def _new_state(
-    binding: AdamBinding, steps: dict[int, int], parts: dict[int, torch.Tensor]
-) -> dict[torch.Tensor, dict]:
-    """The complete replacement state, built off to the side, in param-group order: the
-    slots of the file's entries, each with the moments its group keeps."""
-    slots = binding.slots
-    by_param: dict[int, dict] = {}
-    for i, step in steps.items():
-        p, group = slots.tensors[i], binding.groups[i]
-        if group is None:  # pragma: no cover - the readers accept entries of owners only
-            raise CheckpointError(f"{slots.label(i)} has no param group")
-        keys = _STATE_KEYS if _amsgrad(binding, i) else _STATE_KEYS[:2]
-        entry: dict[str, torch.Tensor] = {
-            "step": step_tensor(group, p, step, f"{slots.label(i)} step")
-        }
-        for k, key in enumerate(keys):
-            entry[key] = _moment(parts[_PER_SLOT * i + k], p)
-        by_param[id(p)] = entry
-    state: dict[torch.Tensor, dict] = {}  # keyed by parameter, as torch keeps it
-    for group in binding.optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) in by_param:
-                state[p] = by_param[id(p)]
-    return state
+        self.receiver.put(adam_moments.item(record, field), self.values)
 
 
 def _read(binding: AdamBinding, path: PathOrFile, receiver: Receiver) -> dict[str, Any]:
@@ -423,7 +330,7 @@ def _load_in_parallel(
         def keep(i: int, piece: np.ndarray) -> None:
             slot, name = order[i]
             device = local_tensor(tensors[i]).device
-            parts[_PER_SLOT * slot + _ITEM_OF_FIELD[name]] = torch.from_numpy(piece).to(device)
+            parts[adam_moments.item(slot, name)] = torch.from_numpy(piece).to(device)
 
         placement.agree(
             lambda: read_pieces(
@@ -431,7 +338,7 @@ def _load_in_parallel(
             )
         )
     steps = {slot: int(entry.step) for slot, entry in checkpoint.entries.items()}
-    state = placement.agree(lambda: _new_state(binding, steps, parts))
+    state = placement.agree(lambda: adam_moments.new_state(binding, steps, parts))
     return OptimizerPlan(optimizer, state, checkpoint.random_counter)
 
 
@@ -455,7 +362,7 @@ def plan_load(
         return binding
 
     binding = placement.agree(check, lambda b: _layout("load", b, restore_random_counter))
-    items = [t for t in binding.slots.tensors for _ in range(_PER_SLOT)]
+    items = [t for t in binding.slots.tensors for _ in range(adam_moments.PER_SLOT)]
 
     def why_not() -> str | None:
         family = _family_of(path)  # a small read, made only where the path is chosen
@@ -475,5 +382,5 @@ def plan_load(
     summary = placement.share(placement.transfer(receiver, read))
     steps = {int(slot): int(step) for slot, step in summary["steps"]}
     parts = receiver.received()
-    state = placement.agree(lambda: _new_state(binding, steps, parts))
+    state = placement.agree(lambda: adam_moments.new_state(binding, steps, parts))
     return OptimizerPlan(optimizer, state, summary["counter"])
