@@ -1,39 +1,39 @@
-"""Streamed float32 model state (``TLSF32B``), read and written through the specs."""
+"""Streamed float32 model state (``TLSF32B``), read through the specs: checked, scanned,
+its payloads moved; the writers are :mod:`.float32_state_writer`'s (exported here too)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 from construct import Container
 
-from ..formats import registry
-from ..formats.float32_state import TENSOR_COUNT, TENSOR_DTYPE, TENSORS, WRITTEN_VERSION
+from ..formats.float32_state import TENSOR_COUNT, TENSOR_DTYPE, TENSORS
 from ..formats.framing import FLOAT32_STATE_MAGIC
 from ..formats.primitives import product
 from .adam_types import PayloadSink
-from .atomic import output
 from .batches import RecordBatch
-from .builder import build as build_spec
 from .errors import (
-    CheckpointError,
     SchemaMismatchError,
-    UnsupportedFormatError,
     differs,
     names_the_file,
 )
+from .float32_state_writer import (
+    float32_state_layout,
+    write_float32_extents,
+    write_float32_state,
+)
 from .framed import check_trailing, read_framing
 from .gcpause import gc_paused
-from .layout import FileLayout, Reserved, layout_of_spec
 from .plan import fast_path
 from .schema_check import check_shape_field
 from .source import FileStamp, PathOrFile, open_source
 from .staging import same_bytes
 from .state_template import check_headers, record_values, template_for
-from .transfer import Extents, GatherBatch, address_of, read_extents, write_gather
+from .transfer import Extents, address_of, read_extents
 from .walker import Path, Visitor, field_name, parse
 
 __all__ = [
@@ -356,119 +356,3 @@ def is_float32_state(path: PathOrFile) -> bool:
         head = src.file.read(len(FLOAT32_STATE_MAGIC))
         src.file.seek(src.start)
     return head == FLOAT32_STATE_MAGIC
-
-
-def _check_array(i: int, array: Any) -> None:
-    if not isinstance(array, np.ndarray) or array.dtype != _TENSOR_DTYPE:
-        got = array.dtype if isinstance(array, np.ndarray) else type(array).__name__
-        raise CheckpointError(
-            f"tensor {i} must be a little-endian float32 array, got {got}",
-            field=f"tensors[{i}]",
-        )
-
-
-def _records(arrays: Iterable[Any]):
-    for i, array in enumerate(arrays):
-        _check_array(i, array)
-        shape = array.shape
-        yield {"rank": len(shape), "dims": shape, "element_count": array.size, "payload": array}
-
-
-@names_the_file()
-def write_float32_state(
-    path: PathOrFile, arrays: Iterable[np.ndarray], *, count: int | None = None
-) -> None:
-    """Write float32 arrays as a ``TLSF32B`` v1 file, one tensor at a time, atomically.
-
-    Args:
-        path: destination path (written atomically), or a binary file object.
-        arrays: float32 numpy arrays in state order. A sequence, or any iterable with
-            ``count`` given: each array is written before the next is requested, so a
-            generator can reuse one host buffer for device tensors.
-        count: the number of arrays, required when ``arrays`` has no ``len``.
-
-    Raises:
-        CheckpointError: an array is not float32, or the iterable's length differs from
-            ``count``; the previous file at ``path`` is untouched.
-        OSError: from the file system.
-    """
-    if count is None:
-        if not hasattr(arrays, "__len__"):
-            raise TypeError("pass count= when arrays is not a sequence")
-        count = len(arrays)  # type: ignore[arg-type]
-        for i, array in enumerate(arrays):  # in memory already: check before the first byte
-            _check_array(i, array)
-    spec = registry.lookup(FLOAT32_STATE_MAGIC, WRITTEN_VERSION)
-    if spec is None:  # pragma: no cover - registered at import
-        raise UnsupportedFormatError(f"TLSF32B v{WRITTEN_VERSION} is not registered")
-    with output(path) as f:
-        build_spec(f, spec.struct, {"tensor_count": count, "tensors": _records(arrays)})
-
-
-def float32_state_layout(shapes: Sequence[Sequence[int]]) -> FileLayout:
-    """The layout of the ``TLSF32B`` file :func:`write_float32_state` writes for tensors of
-    ``shapes``: header bytes, and payload ``i``'s offset and size (``layout.payloads[i]``).
-
-    Raises:
-        CheckpointError: a shape the format cannot hold.
-    """
-    spec = registry.lookup(FLOAT32_STATE_MAGIC, WRITTEN_VERSION)
-    if spec is None:  # pragma: no cover - registered at import
-        raise UnsupportedFormatError(f"TLSF32B v{WRITTEN_VERSION} is not registered")
-    dims = [tuple(int(d) for d in shape) for shape in shapes]
-    records = (
-        {
-            "rank": len(shape),
-            "dims": shape,
-            "element_count": product(shape),
-            "payload": Reserved(product(shape), _TENSOR_DTYPE),
-        }
-        for shape in dims
-    )
-    return layout_of_spec(spec.struct, {"tensor_count": len(dims), "tensors": records})
-
-
-@names_the_file()
-def write_float32_extents(
-    path: PathOrFile,
-    shapes: Sequence[tuple[int, ...]],
-    addresses: Sequence[int],
-    owners: list[Any],
-) -> None:
-    """Write a ``TLSF32B`` v1 file whose payloads are given as memory, by address.
-
-    The headers come from the destination template of ``shapes`` (cached per layout: the
-    same bytes :func:`write_float32_state` writes); headers and payloads go to the output
-    as one vectored write (:func:`~.transfer.write_gather`: a ``writev`` per
-    :data:`~.transfer.IOV_MAX` pieces for a plain file), so a model of many small tensors
-    costs no Python per tensor here.
-
-    Args:
-        path: destination path (written atomically), or a binary file object.
-        shapes: each tensor's shape, in state order.
-        addresses: where each tensor's float32 little-endian values lie in memory: exactly
-            ``product(shape) * 4`` bytes of memory that ``owners`` keep alive (the caller
-            vouches for it: a tensor's ``data_ptr()`` for that tensor's own shape).
-        owners: the objects owning that memory.
-
-    Raises:
-        CheckpointError: as many addresses as shapes are needed; nothing is written.
-        OSError: from the file system.
-    """
-    template = template_for([s if isinstance(s, tuple) else tuple(map(int, s)) for s in shapes])
-    if template is None:  # pragma: no cover - the shipped spec always has a template
-        raise CheckpointError("TLSF32B headers cannot be derived for these shapes")
-    n = len(template.payload_lengths)
-    if len(addresses) != n:
-        raise CheckpointError(f"{len(addresses)} payloads for {n} shapes", field="tensors")
-    headers = np.frombuffer(template.headers, dtype=np.uint8)
-    regions = len(template.header_lengths)
-    pieces = np.zeros(2 * regions, dtype=np.uint64)
-    pieces[0::2] = address_of(headers) + template.header_starts().astype(np.uint64)
-    pieces[1 : 2 * n : 2] = addresses
-    lengths = np.zeros(2 * regions, dtype=np.uint64)
-    lengths[0::2] = template.header_lengths
-    lengths[1 : 2 * n : 2] = template.payload_lengths
-    batch = GatherBatch(Extents(pieces, lengths, None, [headers, owners]))
-    with output(path) as f, gc_paused():
-        write_gather(f, batch)
