@@ -103,26 +103,13 @@ GOALS: list[Goal] = [
         1.1,
         caches=W,
     ),
-    Goal(
-        "20,000 small tensors: save, µs per tensor",
-        _r("small", "save", "tlckpt", stat="per_tensor"),
-        None,
-        2.0,
-        caches=W,
-    ),
-    Goal(
-        "20,000 small tensors: staged load, µs per tensor",
-        _r("small", "load", STAGED, stat="per_tensor"),
-        None,
-        2.0,
-        caches=W,
-    ),
-    Goal(
-        "20,000 small tensors: load in place, µs per tensor",
-        _r("small", "load", INPLACE, stat="per_tensor"),
-        None,
-        2.0,
-        caches=W,
+    *(
+        Goal(f"20,000 small tensors: {what}, µs per tensor", ref, None, 2.0, caches=W)
+        for what, ref in [
+            ("save", _r("small", "save", "tlckpt", stat="per_tensor")),
+            ("staged load", _r("small", "load", STAGED, stat="per_tensor")),
+            ("load in place", _r("small", "load", INPLACE, stat="per_tensor")),
+        ]
     ),
     *(
         Goal(
@@ -135,19 +122,15 @@ GOALS: list[Goal] = [
         for op in ("save", "load")
         for lib in ("safetensors", "torch")
     ),
-    Goal(
-        "inspect of 10^6 empty records, alike: seconds",
-        _r("inspect", "inspect", "alike"),
-        None,
-        2.0,
-        caches=W,
-    ),
-    Goal(
-        "inspect of 10^6 empty records, changing shapes: seconds",
-        _r("inspect", "inspect", "varied"),
-        None,
-        2.0,
-        caches=W,
+    *(
+        Goal(
+            f"inspect of 10^6 empty records, {what}: seconds",
+            _r("inspect", "inspect", way),
+            None,
+            2.0,
+            caches=W,
+        )
+        for what, way in [("alike", "alike"), ("changing shapes", "varied")]
     ),
     *(
         Goal(
@@ -166,19 +149,15 @@ GOALS: list[Goal] = [
         1.0,
         strict=True,
     ),
-    Goal(
-        "GPT-2 small: save_module_state vs torch.save + fsync",
-        _r("gpt2", "save", "tlckpt"),
-        _r("gpt2", "save", "torch"),
-        None,
-        caches=W,
-    ),
-    Goal(
-        "GPT-2 small: save_optimizer vs torch.save + fsync",
-        _r("gpt2", "save", "tlckpt", kind="optimizer"),
-        _r("gpt2", "save", "torch", kind="optimizer"),
-        None,
-        caches=W,
+    *(
+        Goal(
+            f"GPT-2 small: {call} vs torch.save + fsync",
+            _r("gpt2", "save", "tlckpt", kind=kind),
+            _r("gpt2", "save", "torch", kind=kind),
+            None,
+            caches=W,
+        )
+        for call, kind in [("save_module_state", "state"), ("save_optimizer", "optimizer")]
     ),
     *(
         Goal(

@@ -27,7 +27,6 @@ import gc
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,22 +36,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tlckpt.testing.processes import PeakProbe, current_rss, free_port, rank_env
+
 WIDTH = 1024
 MIB = 1 << 20
 METHODS = ["tlckpt", "tlckpt-rank0", "dcp"]
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")
 
 
 def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
@@ -61,45 +49,29 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
     from tlckpt.runtime.sharded_io import ENV, last_sharded_io
+    from tlckpt.testing.models import sharded_linears
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     layers = max(1, size_mib * MIB // (WIDTH * WIDTH * 4))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(4, WIDTH)).sum().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    model, opt = sharded_linears(mesh, WIDTH, layers)
 
-    def tl_save(mode: str | None) -> Any:
+    def tlckpt(operation: str, mode: str | None) -> Any:
+        save = operation == "save"
+        model_io = save_module_state if save else load_module_state
+        optimizer_io = save_optimizer if save else load_optimizer
+
         def run() -> None:
             if mode:
                 os.environ[ENV] = mode
             try:
-                save_module_state(model, folder / "model.tlsf32")
-                save_optimizer(opt, model, folder / "opt.tladam")
-            finally:
-                os.environ.pop(ENV, None)
-
-        return run
-
-    def tl_load(mode: str | None) -> Any:
-        def run() -> None:
-            if mode:
-                os.environ[ENV] = mode
-            try:
-                load_module_state(model, folder / "model.tlsf32")
-                load_optimizer(opt, model, folder / "opt.tladam")
+                model_io(model, folder / "model.tlsf32")
+                optimizer_io(opt, model, folder / "opt.tladam")
             finally:
                 os.environ.pop(ENV, None)
 
@@ -116,14 +88,15 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     operations = {
-        ("save", "tlckpt"): tl_save(None),
-        ("save", "tlckpt-rank0"): tl_save("rank0"),
+        ("save", "tlckpt"): tlckpt("save", None),
+        ("save", "tlckpt-rank0"): tlckpt("save", "rank0"),
         ("save", "dcp"): dcp_save,
-        ("load", "tlckpt"): tl_load(None),
-        ("load", "tlckpt-rank0"): tl_load("rank0"),
+        ("load", "tlckpt"): tlckpt("load", None),
+        ("load", "tlckpt-rank0"): tlckpt("load", "rank0"),
         ("load", "dcp"): dcp_load,
     }
     figures: list[dict[str, Any]] = []
+    probe = PeakProbe()
     routes: dict[str, str] = {}
     for rep in range(reps):
         for operation in ["save", "load"]:
@@ -132,13 +105,13 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
                 if rank == 0:
                     os.sync()
                 dist.barrier()
-                before = _status("VmRSS")
-                _reset_peak()
+                before = current_rss()
+                probe.reset()
                 start = time.perf_counter()
                 operations[(operation, method)]()
                 dist.barrier()
                 seconds = time.perf_counter() - start
-                growth = _status("VmHWM") - before
+                growth = probe.peak() - before
                 if method.startswith("tlckpt"):
                     record = last_sharded_io()
                     routes[f"{operation} {method}"] = record.route if record else "?"
@@ -165,30 +138,14 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=tmp) as scratch:
         folder = Path(scratch)
         out = folder / "figures.json"
-        port = _free_port()
+        port = free_port()
         procs = []
         for rank in range(world):
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "OMP_NUM_THREADS": "1",
-                "MALLOC_MMAP_THRESHOLD_": "131072",  # freed buffers leave the resident set
-                "GLOO_SOCKET_IFNAME": "lo",
-            }
+            env = rank_env(rank, world, port)
             args = ["--worker", str(folder), str(size_mib), str(reps), str(out)]
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.sharded", *args], env=env))
         codes = [p.wait() for p in procs]

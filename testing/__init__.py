@@ -6,6 +6,8 @@
   their manifest entries as the codec's values (``ParameterSchema``, ``AdamConfig``, arrays);
 * :mod:`tlckpt.testing.adam` — the AdamW configuration tests write when its values do not matter;
 * :mod:`tlckpt.testing.limits` — child processes under resource limits, sparse files;
+* :mod:`tlckpt.testing.processes` — a free port and a gloo rank's environment for process
+  groups on this machine, resident-set figures (peak since a reset);
 * :mod:`tlckpt.testing.models` — a small model with tied, frozen and buffer state, its
   deterministic training, Adam/AdamW in every implementation (needs ``torch``);
 * :mod:`tlckpt.testing.bitwise` — bit-for-bit comparisons and snapshots of tensors, modules

@@ -32,6 +32,7 @@ __all__ = [
     "CUDA_IMPLS",
     "make_adam",
     "default_dtype",
+    "sharded_linears",
 ]
 
 VOCAB, WIDTH, BATCH = 7, 4, 6
@@ -168,3 +169,33 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(before)
+
+
+def sharded_linears(
+    mesh: Any, width: int, layers: int
+) -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
+    """A large model for the sharded memory and speed figures: ``layers`` square float32
+    ``Linear`` weights of ``width`` x ``width`` (seed 0), each its own FSDP2 group on
+    ``mesh``, and an AdamW trained one step, so every parameter has its moments. Every rank
+    of ``mesh``'s group calls it.
+
+    Args:
+        mesh: the device mesh to shard over.
+        width: each weight's rows and columns.
+        layers: how many weights.
+
+    Returns:
+        The model and its optimizer.
+    """
+    from torch.distributed.fsdp import fully_shard  # deferred: only sharded runs need it
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, width)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return model, opt

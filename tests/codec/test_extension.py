@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from construct import Default, Struct
 
+from tlckpt import formats
 from tlckpt.codec import (
     AdamConfig,
     AdamEntry,
@@ -26,30 +27,19 @@ from tlckpt.codec import (
     read_adam,
     write_adam,
 )
-from tlckpt.formats import (
-    ADAM_MAGIC,
-    ADAM_V5,
-    U64,
-    framed,
-    known_versions,
-    layout_of,
-    lookup,
-    register,
-    unregister,
-)
 from tlckpt.testing.adam import adamw_config
 
 
 def _v5_field(name: str) -> Any:
-    (field,) = [sc for sc in ADAM_V5.subcons if sc.name == name]
+    (field,) = [sc for sc in formats.ADAM_V5.subcons if sc.name == name]
     return field
 
 
 #: v6 (toy): v5 plus ``flags``, a u64 of feature bits between the counter and the schema.
 ADAM_V6_TOY = Struct(
-    *framed(ADAM_MAGIC, 6),
+    *formats.framed(formats.ADAM_MAGIC, 6),
     *(_v5_field(n) for n in ("dtype_tag", "kind", "config", "counter_flag", "random_counter")),
-    "flags" / Default(U64, 0) * "feature bits (toy field new in v6)",
+    "flags" / Default(formats.U64, 0) * "feature bits (toy field new in v6)",
     *(_v5_field(n) for n in ("schema", "representatives", "entry_count", "entries")),
 )
 
@@ -71,20 +61,20 @@ def _state(dtype: MomentDtype) -> tuple[AdamConfig, dict[int, AdamEntry]]:
 
 @pytest.fixture
 def toy_v6() -> Iterator[Any]:
-    assert lookup(ADAM_MAGIC, 6) is None, "v6 is real now: pick another toy version"
-    spec = register(ADAM_MAGIC, 6, ADAM_V6_TOY)
+    assert formats.lookup(formats.ADAM_MAGIC, 6) is None, "v6 is real now: pick another toy version"
+    spec = formats.register(formats.ADAM_MAGIC, 6, ADAM_V6_TOY)
     try:
         yield spec
     finally:
-        unregister(ADAM_MAGIC, 6)
-    assert lookup(ADAM_MAGIC, 6) is None
+        formats.unregister(formats.ADAM_MAGIC, 6)
+    assert formats.lookup(formats.ADAM_MAGIC, 6) is None
 
 
 def test_toy_spec_is_registered(toy_v6: Any) -> None:
     assert toy_v6.version == 6 and toy_v6.family == "adam"
-    assert lookup(ADAM_MAGIC, 6).struct is ADAM_V6_TOY
-    assert known_versions(ADAM_MAGIC) == [2, 3, 4, 5, 6]
-    assert layout_of(ADAM_V6_TOY) == layout_of(ADAM_V5)
+    assert formats.lookup(formats.ADAM_MAGIC, 6).struct is ADAM_V6_TOY
+    assert formats.known_versions(formats.ADAM_MAGIC) == [2, 3, 4, 5, 6]
+    assert formats.layout_of(ADAM_V6_TOY) == formats.layout_of(formats.ADAM_V5)
 
 
 @pytest.mark.parametrize("dtype", list(MomentDtype), ids=lambda d: d.value)
@@ -125,7 +115,7 @@ def _toy_file(flags: int) -> bytes:
     config, entries = _state(MomentDtype.FLOAT32)
     buffer = io.BytesIO()
     write_adam(buffer, SCHEMA, config, entries, None, version=5)
-    v5 = ADAM_V5.parse(buffer.getvalue())
+    v5 = formats.ADAM_V5.parse(buffer.getvalue())
     values = {k: v for k, v in v5.items() if not k.startswith("_") and k != "version"}
     values["flags"] = flags
     return ADAM_V6_TOY.build(values)
@@ -165,11 +155,11 @@ def test_unregistered_version_names_the_known_ones(toy_v6: Any) -> None:
 
 def test_after_unregistering_v6_is_unknown_again() -> None:
     data = _toy_file(1)
-    register(ADAM_MAGIC, 6, ADAM_V6_TOY)
+    formats.register(formats.ADAM_MAGIC, 6, ADAM_V6_TOY)
     try:
         assert read_adam(io.BytesIO(data), SCHEMA).fields == {"flags": 1}
     finally:
-        unregister(ADAM_MAGIC, 6)
+        formats.unregister(formats.ADAM_MAGIC, 6)
     with pytest.raises(UnsupportedVersionError) as info:
         read_adam(io.BytesIO(data), SCHEMA)
     assert "2, 3, 4 or 5" in str(info.value)

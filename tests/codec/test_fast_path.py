@@ -320,15 +320,22 @@ def test_batched_scan_of_a_file_inside_a_larger_one(settings: tuple[int, int]) -
         assert slow[0] == "error" and slow[1][0] == "TrailingDataError"
 
 
-def test_many_alike_records_scan_as_they_read() -> None:
-    """Runs longer than a chunk, with default settings, and a record that breaks the run."""
-    shapes = [(0,)] * 50_000 + [(1,)] * 30_000 + [(2,)] + [(0,)] * 20_000
+def _zeros_file(shapes: list[tuple[int, ...]]) -> bytes:
+    """A file of zero tensors of ``shapes``, checked to scan and inspect to them (with
+    default settings)."""
     blob = io.BytesIO()
     write_float32_state(blob, (np.zeros(s, "<f4") for s in shapes), count=len(shapes))
     data = blob.getvalue()
     assert scan_float32_state(io.BytesIO(data)) == shapes
     info = inspect(io.BytesIO(data))
     assert [tuple(t["shape"]) for t in info["tensors"]] == shapes
+    return data
+
+
+def test_many_alike_records_scan_as_they_read() -> None:
+    """Runs longer than a chunk, with default settings, and a record that breaks the run."""
+    shapes = [(0,)] * 50_000 + [(1,)] * 30_000 + [(2,)] + [(0,)] * 20_000
+    data = _zeros_file(shapes)
     bad = bytearray(data)
     at = len(data) - 24 * 10_000 + 16  # element_count of a record in the last run
     bad[at] = 1
@@ -341,12 +348,7 @@ def test_many_varied_records_scan_as_they_walk() -> None:
     """Records of changing shapes, more than a chunk of them, with default settings: the
     batches of decoded headers give the shapes and the error (at its offset) of the walk."""
     shapes = [(i % 3,) if i % 2 else (1, i % 4, 2) for i in range(60_000)]
-    blob = io.BytesIO()
-    write_float32_state(blob, (np.zeros(s, "<f4") for s in shapes), count=len(shapes))
-    data = blob.getvalue()
-    assert scan_float32_state(io.BytesIO(data)) == shapes
-    info = inspect(io.BytesIO(data))
-    assert [tuple(t["shape"]) for t in info["tensors"]] == shapes
+    data = _zeros_file(shapes)
     bad = bytearray(data)
     bad[len(data) - 100] ^= 0x40  # near the end: a header or a payload of a late record
     bad[len(data) // 2] ^= 0x04  # and in the middle

@@ -21,56 +21,37 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
+
+from tlckpt.testing.processes import PeakProbe, current_rss
 
 WIDTH, LAYERS = 2048, 8
 MIB = 1 << 20
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")
-
-
 def measure(mesh: Any, folder: Path) -> dict[str, Any]:
     """Inside a group (every rank calls it): save a large sharded model and its AdamW;
     return this rank's figures in bytes (rank 0's are the ones that matter)."""
-    from torch.distributed.fsdp import fully_shard
 
     from tlckpt.runtime import save_module_state, save_optimizer
     from tlckpt.runtime.dtensors import local_tensor
+    from tlckpt.testing.models import sharded_linears
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(4, WIDTH)).sum().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    model, opt = sharded_linears(mesh, WIDTH, LAYERS)
     if dist.get_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
+    probe = PeakProbe()
     for what, save in [
         ("model", lambda: save_module_state(model, folder / "model.tlsf32")),
         ("optimizer", lambda: save_optimizer(opt, model, folder / "opt.tladam")),
     ]:
         gc.collect()
         dist.barrier()
-        before = _status("VmRSS")
-        _reset_peak()
+        before = current_rss()
+        probe.reset()
         save()
-        figures[f"{what}_save_peak_growth"] = _status("VmHWM") - before
+        figures[f"{what}_save_peak_growth"] = probe.peak() - before
         figures[f"{what}_rss_before"] = before
     params = list(model.parameters())
     figures["full_parameter"] = WIDTH * WIDTH * 4

@@ -11,8 +11,6 @@ equal on all ranks and runs in different world sizes can be compared.
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ import torch
 
 from tlckpt.testing.bitwise import same
 from tlckpt.testing.models import TiedNet, make_adam
+from tlckpt.testing.processes import free_port, rank_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -153,17 +152,6 @@ def local_slice(value: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return chunks[rank] if rank < len(chunks) else value[0:0]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _loopback() -> str | None:
-    names = {name for _, name in socket.if_nameindex()}
-    return next((n for n in ("lo", "lo0") if n in names), None)
-
-
 def launch(
     world: int,
     workdir: Path,
@@ -183,30 +171,14 @@ def launch(
         One result mapping per rank (check name → result), the wall time, and the ranks'
         combined output (for failure messages).
     """
-    port = _free_port()
+    port = free_port()
     for rank in range(world):  # an earlier group's results in this world size are not ours
         (workdir / f"results-w{world}-r{rank}.json").unlink(missing_ok=True)
     logs = []
     procs = []
     start = time.perf_counter()
     for rank in range(world):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "OMP_NUM_THREADS": "1",
-            # Large buffers come from mmap and go back to the system when freed, so the
-            # resident-set peak measures what a save really holds at once.
-            "MALLOC_MMAP_THRESHOLD_": "131072",
-            **(extra_env or {}),
-        }
-        loopback = _loopback()
-        if loopback and "GLOO_SOCKET_IFNAME" not in env:
-            env["GLOO_SOCKET_IFNAME"] = loopback  # no dependence on the host name resolving
+        env = {**rank_env(rank, world, port), **(extra_env or {})}
         log = open(workdir / f"log-w{world}-r{rank}.txt", "w+b")  # noqa: SIM115
         logs.append(log)
         procs.append(

@@ -32,14 +32,7 @@ from worker_common import (
     sharded_model,
 )
 
-from tlckpt.runtime import (
-    load_module_state,
-    load_optimizer,
-    load_state_bits,
-    save_module_state,
-    save_optimizer,
-    save_state_bits,
-)
+from tlckpt import runtime
 from tlckpt.runtime.dtensors import local_tensor
 from tlckpt.runtime.sharded_io import last_sharded_io
 from tlckpt.testing.models import train
@@ -78,8 +71,8 @@ def distribute_tensor_float64(ctx: dict[str, Any]) -> dict[str, Any]:
     folder = MINE / "dt64"
     on_writer(lambda: folder.mkdir(exist_ok=True))
     dist.barrier()
-    save_state_bits(params, folder / "state.json")
-    version = save_optimizer(opt, params, folder / "opt.tladam")
+    runtime.save_state_bits(params, folder / "state.json")
+    version = runtime.save_optimizer(opt, params, folder / "opt.tladam")
     gathered = [p.full_tensor().detach() for p in params]
     moments = {
         i: {
@@ -98,8 +91,8 @@ def distribute_tensor_float64(ctx: dict[str, Any]) -> dict[str, Any]:
         plain_opt = torch.optim.AdamW([plain[0], plain[1], plain[3]], lr=0.1, weight_decay=0.01)
         for i in (0, 1, 3):
             plain_opt.state[plain[i]] = {k: v.clone() for k, v in moments[i].items()}
-        save_state_bits(plain, folder / "plain.json")
-        plain_version = save_optimizer(plain_opt, plain, folder / "plain.tladam")
+        runtime.save_state_bits(plain, folder / "plain.json")
+        plain_version = runtime.save_optimizer(plain_opt, plain, folder / "plain.tladam")
         identical["state.json"] = (folder / "state.json").read_bytes() == (
             folder / "plain.json"
         ).read_bytes()
@@ -111,8 +104,8 @@ def distribute_tensor_float64(ctx: dict[str, Any]) -> dict[str, Any]:
     on_writer(single_process)
     fresh = build([torch.zeros_like(t) for t in full_values])
     fresh_opt = torch.optim.AdamW([fresh[0], fresh[1], fresh[3]], lr=0.1, weight_decay=0.01)
-    load_state_bits(fresh, folder / "state.json")
-    load_optimizer(fresh_opt, fresh, folder / "opt.tladam")
+    runtime.load_state_bits(fresh, folder / "state.json")
+    runtime.load_optimizer(fresh_opt, fresh, folder / "opt.tladam")
     loaded_equal = all(torch.equal(a.full_tensor(), b) for a, b in zip(fresh, gathered))
     moments_equal = all(
         torch.equal(fresh_opt.state[fresh[i]][k].full_tensor(), moments[i][k])
@@ -174,13 +167,13 @@ def exact_bits_dtypes(ctx: dict[str, Any]) -> dict[str, Any]:
 
         name = str(dtype).removeprefix("torch.")
         path = MINE / f"bits-{name}.json"
-        save_state_bits(build(full_values), path)
+        runtime.save_state_bits(build(full_values), path)
         identical = None
         if RANK == 0:
-            save_state_bits([*full_values, torch.arange(3)], MINE / f"plain-{name}.json")
+            runtime.save_state_bits([*full_values, torch.arange(3)], MINE / f"plain-{name}.json")
             identical = path.read_bytes() == (MINE / f"plain-{name}.json").read_bytes()
         fresh = build([torch.zeros_like(v) for v in full_values])
-        load_state_bits(fresh, path)
+        runtime.load_state_bits(fresh, path)
         # Each rank's shard against DTensor's own split of the expected values (no
         # communication: gloo carries no float8).
         expected = build(full_values)
@@ -206,15 +199,15 @@ def hsdp_meshes(ctx: dict[str, Any]) -> dict[str, Any]:
         on_writer(lambda f=folder: f.mkdir(exist_ok=True))
         dist.barrier()
         with route(None if mode == "auto" else mode):
-            save_module_state(model, folder / "model.tlsf32")
+            runtime.save_module_state(model, folder / "model.tlsf32")
             routes = [last_sharded_io().route]
-            save_optimizer(opt, model, folder / "opt.tladam")
+            runtime.save_optimizer(opt, model, folder / "opt.tladam")
             routes.append(last_sharded_io().route)
             saved = snapshot(model, opt)
             fresh, fresh_opt = sharded_model(mesh, seed=3)
-            load_module_state(fresh, folder / "model.tlsf32")
+            runtime.load_module_state(fresh, folder / "model.tlsf32")
             routes.append(last_sharded_io().route)
-            load_optimizer(fresh_opt, fresh, folder / "opt.tladam")
+            runtime.load_optimizer(fresh_opt, fresh, folder / "opt.tladam")
             routes.append(last_sharded_io().route)
         after_load = differences(snapshot(fresh, fresh_opt), saved)
         train(model, opt, K, N)

@@ -11,15 +11,8 @@ from typing import Any
 
 import torch
 
+from tlckpt import runtime
 from tlckpt.codec.errors import CheckpointError
-from tlckpt.runtime import (
-    load_module_state,
-    load_optimizer,
-    load_state_bits,
-    save_module_state,
-    save_optimizer,
-    save_state_bits,
-)
 from tlckpt.testing.bitwise import modules_equal, optimizer_states_equal
 from tlckpt.testing.models import TiedNet, make_adam, train
 
@@ -126,10 +119,10 @@ def resume_run(
     random_counter = train(model, opt, 0, k, device)
     model_file = folder / ("model.tlsf32" if dtype == torch.float32 else "model.json")
     if dtype == torch.float32:
-        save_module_state(model, model_file)
+        runtime.save_module_state(model, model_file)
     else:
-        save_state_bits(model, model_file)
-    version = save_optimizer(
+        runtime.save_state_bits(model, model_file)
+    version = runtime.save_optimizer(
         opt, model, folder / "opt.tladam", random_counter=random_counter if counter else None
     )
     del model, opt
@@ -139,10 +132,10 @@ def resume_run(
     fresh_opt = make_adam(kind, fresh.parameters(), impl)
     assert modules_equal(reference, fresh), "the fresh model should start out different"
     if dtype == torch.float32:
-        load_module_state(fresh, model_file)
+        runtime.load_module_state(fresh, model_file)
     else:
-        load_state_bits(fresh, model_file)
-    restored = load_optimizer(
+        runtime.load_state_bits(fresh, model_file)
+    restored = runtime.load_optimizer(
         fresh_opt, fresh, folder / "opt.tladam", restore_random_counter=counter
     )
     assert restored == (k if counter else None)
