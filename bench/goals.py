@@ -56,53 +56,54 @@ def _r(group: str, op: str, *ways: str, kind: str = "state", stat: str = "time")
 
 INPLACE, STAGED = "tlckpt in place", "tlckpt staged"
 W = ("warm",)
+
+
+def _large(
+    group: str, size: str, safetensors: str, raw_caches: tuple[str, ...], *extra: Goal
+) -> list[Goal]:
+    """A 512 MiB group's rows: its load in place against safetensors and against the best
+    raw read (measured with ``raw_caches``), then ``extra``, then its save against a raw
+    durable write."""
+    return [
+        Goal(
+            f"{size}load in place vs {safetensors}",
+            _r(group, "load", INPLACE),
+            _r(group, "load", "safetensors"),
+            1.0,
+        ),
+        Goal(
+            f"{size}load in place vs the best raw method",
+            _r(group, "load", INPLACE),
+            _r(group, "load", *RAW_LOADS),
+            1.1,
+            caches=raw_caches,
+        ),
+        *extra,
+        Goal(
+            f"{size}save vs raw durable write",
+            _r(group, "save", "tlckpt"),
+            _r(group, "save", "raw write"),
+            1.1,
+            caches=W,
+        ),
+    ]
+
+
 #: The goals of the performance issue, and context rows (bound ``None``).
 GOALS: list[Goal] = [
-    Goal(
-        "512 MiB load in place vs safetensors load_file + copy_",
-        _r("big1", "load", INPLACE),
-        _r("big1", "load", "safetensors"),
-        1.0,
+    *_large(
+        "big1",
+        "512 MiB ",
+        "safetensors load_file + copy_",
+        ("warm", "cold"),
+        Goal(
+            "512 MiB staged load (a second copy by design) vs safetensors",
+            _r("big1", "load", STAGED),
+            _r("big1", "load", "safetensors"),
+            None,
+        ),
     ),
-    Goal(
-        "512 MiB load in place vs the best raw method",
-        _r("big1", "load", INPLACE),
-        _r("big1", "load", *RAW_LOADS),
-        1.1,
-    ),
-    Goal(
-        "512 MiB staged load (a second copy by design) vs safetensors",
-        _r("big1", "load", STAGED),
-        _r("big1", "load", "safetensors"),
-        None,
-    ),
-    Goal(
-        "512 MiB save vs raw durable write",
-        _r("big1", "save", "tlckpt"),
-        _r("big1", "save", "raw write"),
-        1.1,
-        caches=W,
-    ),
-    Goal(
-        "512 MiB in 48 tensors: load in place vs safetensors",
-        _r("big48", "load", INPLACE),
-        _r("big48", "load", "safetensors"),
-        1.0,
-    ),
-    Goal(
-        "512 MiB in 48 tensors: load in place vs the best raw method",
-        _r("big48", "load", INPLACE),
-        _r("big48", "load", *RAW_LOADS),
-        1.1,
-        caches=W,
-    ),
-    Goal(
-        "512 MiB in 48 tensors: save vs raw durable write",
-        _r("big48", "save", "tlckpt"),
-        _r("big48", "save", "raw write"),
-        1.1,
-        caches=W,
-    ),
+    *_large("big48", "512 MiB in 48 tensors: ", "safetensors", W),
     *(
         Goal(f"20,000 small tensors: {what}, µs per tensor", ref, None, 2.0, caches=W)
         for what, ref in [
