@@ -70,7 +70,7 @@ class _Member:
 
 class SetWriter:
     """Writes one set: members into a locked temporary folder, then the manifest, then the
-    rename (the module docstring's protocol). Use it as a context manager: leaving the block
+    rename (the protocol in :mod:`.checkpoint_set`). Use it as a context manager: leaving the block
     without :meth:`commit` (an error, ``KeyboardInterrupt``) removes the temporary folder.
 
     Args:

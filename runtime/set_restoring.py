@@ -148,7 +148,7 @@ def _fit_and_commit(
     targets: Targets,
     digests_verified: Callable[[], None] = lambda: None,
 ) -> Restored:
-    """Phase 2 (see the module docstring); ``verified`` is ``None`` on a rank that does not
+    """Phase 2 (see :mod:`.checkpoint_sets`); ``verified`` is ``None`` on a rank that does not
     read the files.
 
     Args:
