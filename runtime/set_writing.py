@@ -6,17 +6,14 @@ snapshot of them) and :func:`write_set`, through the public save functions into 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..codec.checkpoint_set import (
-    SetWriter,
-)
+from ..codec.checkpoint_set import SetWriter
 from ..codec.errors import CheckpointError
 from ..formats.checkpoint_set import (
     MODEL_BITS_FILE,
@@ -98,7 +95,7 @@ def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
         live: the source over the live objects (:func:`live_source`).
         snapshot: the copies of its model's state and optimizer.
     """
-    return dataclasses.replace(
+    return replace(
         live,
         model=snapshot.state,
         params=snapshot.params,
