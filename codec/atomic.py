@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,7 +132,8 @@ def is_library_temporary(name: str) -> bool:
     return _OURS.fullmatch(name) is not None
 
 
-def _same_file(path: str, fd: int) -> bool:
+def same_inode(path: str, fd: int) -> bool:
+    """Whether ``path`` (not followed) names the file open as ``fd``."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -153,7 +155,7 @@ def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # A cleaner may have taken the lock between our create and our flock, and
             # removed the file as stale: then this name is no longer ours. Try another.
-            if _same_file(tmp, fd):
+            if same_inode(tmp, fd):
                 return fd, tmp
         except BaseException:
             os.close(fd)
@@ -185,29 +187,32 @@ def _name_destination(exc: OSError, dest: str) -> None:
     exc.filename = dest
 
 
-def _remove_if_stale(path: str) -> bool:
-    """Remove the temporary at ``path`` if no live writer holds its lock."""
+def remove_if_stale(path: str, *, folder: bool = False) -> bool:
+    """Remove the temporary at ``path`` (a plain file; with ``folder``, a folder and all in
+    it) if no live writer holds its lock; whether it was removed."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    if not stat.S_ISREG(st.st_mode):  # never follow or remove anything but a plain file
+    # Never follow or remove anything but the kind asked for.
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode):
         return False
+    kind = os.O_DIRECTORY if folder else os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except (FileNotFoundError, PermissionError):  # gone meanwhile, or not ours to judge
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | kind)
+    except (FileNotFoundError, PermissionError, NotADirectoryError):  # gone, or not ours
         return False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a live save holds it
             return False
-        # Locked by us now: no writer can take this file back. Remove it only if the name
-        # still means the file we locked (a finished save renames its temporary away).
-        if not _same_file(path, fd):
+        # Locked by us now: no writer can take this one back. Remove it only if the name
+        # still means what we locked (a finished save renames its temporary away).
+        if not same_inode(path, fd):
             return False
         try:
-            os.unlink(path)
+            shutil.rmtree(path) if folder else os.unlink(path)
         except FileNotFoundError:
             return False
         return True
@@ -229,7 +234,7 @@ def _stale_in(folder: str, prefix: str | None) -> list[Path]:
     removed = []
     for name in names:
         path = os.path.join(folder, name)
-        if _remove_if_stale(path):
+        if remove_if_stale(path):
             removed.append(Path(path))
     return removed
 

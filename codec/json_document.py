@@ -26,7 +26,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -245,6 +245,18 @@ def keys_counted_once(text: bytes, document: Any) -> bool:
     return True
 
 
+def _keys_and_brackets(data: bytes | bytearray) -> Iterator[tuple[str | None, bytes]]:
+    """The object keys and brackets of the valid JSON text ``data``, in order: ``(key,
+    b"")`` for a key (decoded, so that ``"\\u0073tep"`` is ``step``), ``(None, bracket)``
+    for a bracket; string values are passed over."""
+    for match in _TOKEN.finditer(data):
+        literal = match.group(1)
+        if literal is None:
+            yield None, match.group()
+        elif match.group(2) is not None:  # a key (a string value has no colon after it)
+            yield (orjson.loads(literal) if b"\\" in literal else literal[1:-1].decode()), b""
+
+
 def duplicate_key_error(data: bytes, document: Any) -> MalformedError | None:
     """The error for the first meaningful key an object of ``data`` holds twice, or ``None``.
 
@@ -260,13 +272,9 @@ def duplicate_key_error(data: bytes, document: Any) -> MalformedError | None:
         return None
     # Frames: [role, keys seen, last key, objects among the children]
     stack: list[list[Any]] = []
-    for match in _TOKEN.finditer(data):
-        literal = match.group(1)
-        if literal is not None:
-            if match.group(2) is None:
-                continue  # a string value
+    for key, bracket in _keys_and_brackets(data):
+        if key is not None:
             frame = stack[-1]
-            key = orjson.loads(literal) if b"\\" in literal else literal[1:-1].decode()
             frame[2] = key
             names = _TOP_KEYS if frame[0] == _TOP else _ENTRY_KEYS if frame[0] == _ENTRY else ()
             if key in names:
@@ -274,7 +282,6 @@ def duplicate_key_error(data: bytes, document: Any) -> MalformedError | None:
                     return _duplicate(key, frame, stack, document)
                 frame[1].add(key)
             continue
-        bracket = match.group()
         if bracket in (b"]", b"}"):
             stack.pop()
             continue
@@ -324,22 +331,17 @@ def duplicate_key_anywhere(data: bytes | bytearray) -> str | None:
     and bracket tokens.
     """
     stack: list[set[str] | None] = []  # the keys seen by each open object (None: an array)
-    for match in _TOKEN.finditer(data):
-        literal = match.group(1)
-        if literal is not None:
-            if match.group(2) is None:
-                continue  # a string value
-            keys = stack[-1]
-            if keys is None:  # pragma: no cover - valid JSON has no key inside an array
-                continue
-            key = orjson.loads(literal) if b"\\" in literal else literal[1:-1].decode()
-            if key in keys:
-                return key
-            keys.add(key)
+    for key, bracket in _keys_and_brackets(data):
+        if key is None:
+            if bracket in (b"]", b"}"):
+                stack.pop()
+            else:
+                stack.append(set() if bracket == b"{" else None)
             continue
-        bracket = match.group()
-        if bracket in (b"]", b"}"):
-            stack.pop()
-        else:
-            stack.append(set() if bracket == b"{" else None)
+        keys = stack[-1]
+        if keys is None:  # pragma: no cover - valid JSON has no key inside an array
+            continue
+        if key in keys:
+            return key
+        keys.add(key)
     return None

@@ -23,7 +23,6 @@ from ..formats.checkpoint_set import (
     DIGEST_ALGORITHM,
     DIGEST_HEX_DIGITS,
     MANIFEST_KEYS,
-    MAX_NAME_BYTES,
     MAX_RANK,
     MEMBER_FILES,
     MEMBER_KEYS,
@@ -40,14 +39,18 @@ from ..formats.checkpoint_set import (
 from ..formats.primitives import U64_MAX
 from .errors import (
     CheckpointError,
-    FileTooLargeError,
     IntegrityError,
     MalformedError,
-    UnsupportedFormatError,
-    UnsupportedVersionError,
 )
 from .exact_values import decode_value, encode_value
-from .json_document import duplicate_key_anywhere
+from .set_document_checks import (
+    check_format,
+    exact_keys,
+    integer_field,
+    parse_json_document,
+    short,
+    string_field,
+)
 
 __all__ = [
     "MemberRecord",
@@ -59,10 +62,6 @@ __all__ = [
     "parse_training_state",
     "parse_json_document",
 ]
-
-_HEX = re.compile(rf"[0-9a-f]{{{DIGEST_HEX_DIGITS}}}")
-_RNG_HEX = re.compile(r"(?:[0-9a-f]{2})*")
-_FAMILY = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -129,136 +128,40 @@ class TrainingState:
 # --------------------------------------------------------------------------- reading
 
 
-def parse_json_document(data: bytes, what: str, limit: int) -> dict[str, Any]:
-    """Parse one of the set's documents: bounded, orjson, an object, each key once.
-
-    Raises:
-        FileTooLargeError: more than ``limit`` bytes.
-        MalformedError: not JSON, not an object, or a key twice in some object.
-    """
-    if len(data) > limit:
-        raise FileTooLargeError(
-            f"the {what} has {len(data):,} bytes, more than the {limit:,} a {what} may have",
-            field=what,
-            actual=len(data),
-            expected=f"at most {limit} bytes",
-        )
-    try:
-        document = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedError(f"the {what} is not JSON: {exc}", field=what) from None
-    if type(document) is not dict:
-        raise MalformedError(
-            f"the {what} must be a JSON object, not {type(document).__name__}", field=what
-        )
-    duplicate = duplicate_key_anywhere(data)
-    if duplicate is not None:
-        raise MalformedError(
-            f"the {what} names the key {duplicate!r} twice in one object: JSON readers"
-            " disagree on which one counts",
-            field=what,
-            actual=f"{duplicate} twice",
-            expected="each key once",
-        )
-    return document
-
-
-def _fields(document: dict[str, Any], keys: Sequence[str], what: str) -> None:
-    """Exactly ``keys``: none missing, none unknown."""
-    missing = [k for k in keys if k not in document]
-    unknown = [k for k in document if k not in keys]
-    if missing or unknown:
-        raise MalformedError(
-            f"the {what} "
-            + "; ".join(
-                part
-                for part in (
-                    f"lacks {', '.join(map(repr, missing))}" if missing else "",
-                    f"has unknown keys {', '.join(repr(k[:40]) for k in unknown[:5])}"
-                    if unknown
-                    else "",
-                )
-                if part
-            ),
-            field=what,
-            actual=sorted(document)[:16],
-            expected=list(keys),
-        )
-
-
-def _integer(value: Any, field: str, low: int, high: int) -> int:
-    if type(value) is not int or not low <= value <= high:
-        raise MalformedError(
-            f"{field} must be an integer in [{low}, {high}], got {_short(value)}",
-            field=field,
-            actual=_short(value),
-            expected=f"integer in [{low}, {high}]",
-        )
-    return value
-
-
-def _string(value: Any, field: str, limit: int = MAX_NAME_BYTES) -> str:
-    if type(value) is not str or len(value.encode("utf-8", "surrogatepass")) > limit:
-        raise MalformedError(
-            f"{field} must be a string of at most {limit} bytes, got {_short(value)}",
-            field=field,
-            actual=_short(value),
-        )
-    return value
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _format(document: dict[str, Any], tag: str, version: int, what: str) -> None:
-    if document.get("format") != tag:
-        raise UnsupportedFormatError(
-            f"not a {what}: format is {_short(document.get('format'))}, expected {tag!r}",
-            field="format",
-            actual=_short(document.get("format")),
-            expected=tag,
-        )
-    found = document.get("version")
-    if found != version or type(found) is not int:
-        raise UnsupportedVersionError(
-            f"{what} version {_short(found)} is not known; known versions: {version}",
-            field="version",
-            actual=_short(found),
-            expected=version,
-        )
+#: A member's digest and family name, as the manifest spells them.
+_HEX = re.compile(rf"[0-9a-f]{{{DIGEST_HEX_DIGITS}}}")
+_FAMILY = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def _member(role: str, entry: Any) -> MemberRecord:
     field = f"members.{role}"
     if type(entry) is not dict:
         raise MalformedError(f"{field} must be an object", field=field)
-    _fields(entry, MEMBER_KEYS, field)
-    file = _string(entry["file"], f"{field}.file")
+    exact_keys(entry, MEMBER_KEYS, field)
+    file = string_field(entry["file"], f"{field}.file")
     if file not in MEMBER_FILES[role]:
         raise MalformedError(
-            f"{field}.file is {_short(file)}; a {role} member is one of"
+            f"{field}.file is {short(file)}; a {role} member is one of"
             f" {', '.join(MEMBER_FILES[role])}",
             field=f"{field}.file",
-            actual=_short(file),
+            actual=short(file),
             expected=list(MEMBER_FILES[role]),
         )
-    family = _string(entry["family"], f"{field}.family", 64)
+    family = string_field(entry["family"], f"{field}.family", 64)
     if not _FAMILY.fullmatch(family):
-        raise MalformedError(f"{field}.family is not a family name: {_short(family)}")
+        raise MalformedError(f"{field}.family is not a family name: {short(family)}")
     digest = entry["digest"]
     if type(digest) is not str or not _HEX.fullmatch(digest):
         raise MalformedError(
             f"{field}.digest must be {DIGEST_HEX_DIGITS} lowercase hex digits",
             field=f"{field}.digest",
-            actual=_short(digest),
+            actual=short(digest),
         )
     return MemberRecord(
         file=file,
         family=family,
-        version=_integer(entry["version"], f"{field}.version", 0, U64_MAX),
-        size=_integer(entry["size"], f"{field}.size", 0, U64_MAX),
+        version=integer_field(entry["version"], f"{field}.version", 0, U64_MAX),
+        size=integer_field(entry["size"], f"{field}.size", 0, U64_MAX),
         digest=digest,
     )
 
@@ -271,10 +174,10 @@ def _state(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
         field = f"state[{i}]"
         if type(item) is not list or len(item) != 2 or type(item[1]) is not list:
             raise MalformedError(f"{field} must be [name, [dims]]", field=field)
-        name = _string(item[0], f"{field}.name")
+        name = string_field(item[0], f"{field}.name")
         if len(item[1]) > MAX_RANK:
             raise MalformedError(f"{field} has more than {MAX_RANK} dimensions", field=field)
-        shape = tuple(_integer(d, f"{field}.shape", 0, U64_MAX) for d in item[1])
+        shape = tuple(integer_field(d, f"{field}.shape", 0, U64_MAX) for d in item[1])
         out.append((name, shape))
     return tuple(out)
 
@@ -292,14 +195,13 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
             (``check="manifest digest"``).
     """
     document = parse_json_document(data, "manifest", limit)
-    _format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
-    _fields(document, MANIFEST_KEYS, "manifest")
+    check_format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
+    exact_keys(document, MANIFEST_KEYS, "manifest")
     if document["digest"] != DIGEST_ALGORITHM:
         raise MalformedError(
-            f"digest algorithm {_short(document['digest'])} is not known; known:"
-            f" {DIGEST_ALGORITHM}",
+            f"digest algorithm {short(document['digest'])} is not known; known: {DIGEST_ALGORITHM}",
             field="digest",
-            actual=_short(document["digest"]),
+            actual=short(document["digest"]),
             expected=DIGEST_ALGORITHM,
         )
     members = document["members"]
@@ -315,18 +217,18 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
             expected=list(MEMBER_ROLES),
         )
     manifest = Manifest(
-        step=_integer(document["step"], "step", 0, STEP_MAX),
-        library=_string(document["library"], "library", 256),
+        step=integer_field(document["step"], "step", 0, STEP_MAX),
+        library=string_field(document["library"], "library", 256),
         members={role: _member(role, members[role]) for role in MEMBER_ROLES if role in members},
         state=_state(document["state"]),
-        world_size=_integer(document["world_size"], "world_size", 1, 1 << 24),
+        world_size=integer_field(document["world_size"], "world_size", 1, 1 << 24),
     )
     recorded = document["self_digest"]
     if type(recorded) is not str or not _HEX.fullmatch(recorded):
         raise MalformedError(
-            f"self_digest must be {DIGEST_HEX_DIGITS} lowercase hex digits, got {_short(recorded)}",
+            f"self_digest must be {DIGEST_HEX_DIGITS} lowercase hex digits, got {short(recorded)}",
             field="self_digest",
-            actual=_short(recorded),
+            actual=short(recorded),
         )
     computed = _self_digest(document)
     if computed != recorded:
@@ -341,12 +243,15 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
     return manifest
 
 
+_RNG_HEX = re.compile(r"(?:[0-9a-f]{2})*")  # a random state's bytes, in hex
+
+
 def _rng(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if type(value) is not dict:
         raise MalformedError("rng must be an object or null", field="rng")
-    _fields(value, RNG_KEYS, "rng")
+    exact_keys(value, RNG_KEYS, "rng")
     for key in ("torch",):
         if type(value[key]) is not str or not _RNG_HEX.fullmatch(value[key]):
             raise MalformedError(f"rng.{key} must be hex bytes", field=f"rng.{key}")
@@ -369,8 +274,8 @@ def parse_training_state(data: bytes, limit: int) -> TrainingState:
             as :func:`parse_manifest`, for this document's fields and values.
     """
     document = parse_json_document(data, "training state", limit)
-    _format(document, TRAINING_STATE_FORMAT, TRAINING_STATE_VERSION, "training-state document")
-    _fields(document, TRAINING_STATE_KEYS, "training state")
+    check_format(document, TRAINING_STATE_FORMAT, TRAINING_STATE_VERSION, "training-state document")
+    exact_keys(document, TRAINING_STATE_KEYS, "training state")
     counter = document["random_counter"]
     groups = document["param_groups"]
     if groups is not None and (
@@ -389,8 +294,10 @@ def parse_training_state(data: bytes, limit: int) -> TrainingState:
                     field=f"param_groups[{i}]",
                 )
     return TrainingState(
-        step=_integer(document["step"], "step", 0, STEP_MAX),
-        random_counter=None if counter is None else _integer(counter, "random_counter", 0, U64_MAX),
+        step=integer_field(document["step"], "step", 0, STEP_MAX),
+        random_counter=None
+        if counter is None
+        else integer_field(counter, "random_counter", 0, U64_MAX),
         scheduler=decode_value(document["scheduler"], ("scheduler",)),
         param_groups=decoded_groups,
         rng=_rng(document["rng"]),
@@ -465,9 +372,9 @@ def build_training_state(
         type(random_counter) is not int or not 0 <= random_counter <= U64_MAX
     ):
         raise CheckpointError(
-            f"random_counter must be an integer in [0, 2**64 - 1], got {_short(random_counter)}",
+            f"random_counter must be an integer in [0, 2**64 - 1], got {short(random_counter)}",
             field="random_counter",
-            actual=_short(random_counter),
+            actual=short(random_counter),
         )
     document = {
         "format": TRAINING_STATE_FORMAT,

@@ -30,12 +30,10 @@ save removed its destination's stale temporaries, else 1.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import multiprocessing as mp
 import os
 import random
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -44,6 +42,7 @@ from typing import Any
 from tlckpt.formats.primitives import float_bits, pack_u64
 
 from .command import add_folder_options, campaign_parser, exit_with, run_in_folder
+from .kill_trial import Child
 
 DESTS = ("model.tlsf32", "opt.tladam", "small.json")
 CHECKPOINT_SUFFIXES = (".tlsf32", ".tladam", ".json", ".safetensors", ".pt", ".pth")
@@ -198,33 +197,13 @@ def run(
                 (folder / name).unlink(missing_ok=True)
                 previous[name] = None
         stale_before = {e for e in os.listdir(folder) if is_temporary(e)}
-        parent_conn, child_conn = ctx.Pipe()
-        proc = ctx.Process(
-            target=_child, args=(child_conn, str(folder), size_mb, trial + 1, trial * 7919 + 1)
-        )
-        proc.start()
-        child_conn.close()
-        if not parent_conn.poll(300):
-            proc.kill()
-            raise RuntimeError("child never became ready")
-        _, new_digests, shapes, _ = parent_conn.recv()
-        parent_conn.send("go")
-        go = time.monotonic()
+        child = Child(ctx, _child, (str(folder), size_mb, trial + 1, trial * 7919 + 1))
+        _, new_digests, shapes, _ = child.ready
         delay = None
         if trial and durations:
             estimate = sorted(durations)[len(durations) // 2]
             delay = rng.uniform(0.0, estimate * 1.1)
-            time.sleep(max(0.0, go + delay - time.monotonic()))
-            with contextlib.suppress(ProcessLookupError):  # it may have finished already
-                os.kill(proc.pid, signal.SIGKILL)
-        proc.join(timeout=300)
-        messages = []
-        while parent_conn.poll():
-            try:
-                messages.append(parent_conn.recv())
-            except (EOFError, OSError):
-                break
-        parent_conn.close()
+        go, messages = child.release(delay)
         saved = [m[1] for m in messages if m[0] == "saved"]
         done = any(m[0] == "done" for m in messages)
         if done:

@@ -31,13 +31,11 @@ values and leftovers stayed bounded and were cleaned; else 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import multiprocessing as mp
 import os
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -45,6 +43,8 @@ import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from .kill_trial import Child
 
 KEEP_LAST = 3
 
@@ -132,31 +132,16 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     for trial in range(trials + calibration):
         step = trial + 1
         blocking = trial % 2 == 0
-        parent_conn, child_conn = ctx.Pipe()
-        proc = ctx.Process(target=_child, args=(child_conn, str(folder), size_mb, step, blocking))
-        proc.start()
-        child_conn.close()
-        if not parent_conn.poll(300):
-            proc.kill()
-            raise RuntimeError("child never became ready")
-        _, digest = parent_conn.recv()
-        announced[step] = digest
+        # Listed before the child starts: it writes nothing until "go".
         before = {e for e in os.listdir(folder) if is_library_temporary(e)}
-        parent_conn.send("go")
-        go = time.monotonic()
+        child = Child(ctx, _child, (str(folder), size_mb, step, blocking))
+        announced[step] = child.ready[1]
+        delay = None
         if trial >= calibration:
             estimate = sorted(durations[blocking])[len(durations[blocking]) // 2]
-            time.sleep(rng.uniform(0.0, estimate))
-            with contextlib.suppress(ProcessLookupError):  # it may have finished already
-                os.kill(proc.pid, signal.SIGKILL)
-        proc.join(timeout=300)
-        messages = []
-        while parent_conn.poll():
-            try:
-                messages.append(parent_conn.recv()[0])
-            except (EOFError, OSError):
-                break
-        parent_conn.close()
+            delay = rng.uniform(0.0, estimate)
+        go, said = child.release(delay)
+        messages = [m[0] for m in said]
         done = "done" in messages
         if done:
             durations[blocking].append(time.monotonic() - go)

@@ -42,6 +42,7 @@ from ..codec.checkpoint_set import (
 )
 from .checkpoint_sets import (
     Restored,
+    Targets,
     live_source,
     restore_latest,
     restore_set,
@@ -208,9 +209,8 @@ class CheckpointManager:
                 self._retain(step)
                 return _finished(step, path)
             snapshot = self._snapshotter.capture(model, optimizer)
-            source = snapshot_source(
-                step, model, snapshot, optimizer, scheduler, random_counter, extra
-            )
+            live = live_source(step, model, optimizer, scheduler, random_counter, extra)
+            source = snapshot_source(live, snapshot)
 
             def background() -> Path:
                 snapshot.wait()
@@ -316,6 +316,7 @@ class CheckpointManager:
         """
         with self._lock:
             self._settle(raise_failure=False)
+        targets = Targets(model, optimizer, scheduler, rng)
         if step is None:
-            return restore_latest(self.directory, model, optimizer, scheduler, rng)
-        return restore_set(set_path(self.directory, step), model, optimizer, scheduler, rng)
+            return restore_latest(self.directory, targets)
+        return restore_set(set_path(self.directory, step), targets)

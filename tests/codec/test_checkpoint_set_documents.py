@@ -174,12 +174,19 @@ def _edited(data: bytes, edit) -> bytes:
     return json.dumps(document).encode()  # the stdlib writes integers of any size
 
 
-@pytest.mark.parametrize("key", MANIFEST_KEYS)
-def test_manifest_missing_keys(key: str) -> None:
-    data = _edited(_manifest(), lambda d: d.pop(key))
+@pytest.mark.parametrize(
+    ("build", "parse", "key"),
+    [pytest.param(_manifest, parse_manifest, k, id=f"manifest-{k}") for k in MANIFEST_KEYS]
+    + [
+        pytest.param(_training_state, parse_training_state, k, id=f"training_state-{k}")
+        for k in TRAINING_STATE_KEYS
+    ],
+)
+def test_missing_keys(build, parse, key: str) -> None:
+    data = _edited(build(), lambda d: d.pop(key))
     expected = {"format": UnsupportedFormatError, "version": UnsupportedVersionError}
     with pytest.raises(expected.get(key, MalformedError)):
-        parse_manifest(data, LIMIT)
+        parse(data, LIMIT)
 
 
 def test_manifest_own_digest_catches_edits_that_stay_well_formed() -> None:
@@ -205,14 +212,6 @@ def test_manifest_member_keys(key: str) -> None:
     edit = lambda d: d["members"]["model"].__setitem__(key, bad[key])  # noqa: E731
     with pytest.raises(MalformedError):
         parse_manifest(_edited(_manifest(), edit), LIMIT)
-
-
-@pytest.mark.parametrize("key", TRAINING_STATE_KEYS)
-def test_training_state_missing_keys(key: str) -> None:
-    data = _edited(_training_state(), lambda d: d.pop(key))
-    expected = {"format": UnsupportedFormatError, "version": UnsupportedVersionError}
-    with pytest.raises(expected.get(key, MalformedError)):
-        parse_training_state(data, LIMIT)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,198 @@
+"""Digests of checkpoint-set members as their bytes stream: :class:`DigestingWriter` (size
+and ``xxh3_128`` digest of what a save writes, one pass) and :class:`DigestingReader` (the
+digest of what a load reads, the rest hashed once at the end).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+import xxhash
+
+from .families import HEAD_BYTES
+
+__all__ = [
+    "HASH_CHUNK",
+    "PARALLEL_DIGEST_BYTES",
+    "GAP_BYTES",
+    "DigestingWriter",
+    "DigestingReader",
+    "hash_file",
+]
+
+#: Bytes read per call while hashing a member.
+HASH_CHUNK = 16 << 20
+
+
+#: Buffers from this size on are hashed by the digest thread while the calling thread writes
+#: them (both release the GIL, so the two run on two cores); smaller ones are hashed inline.
+PARALLEL_DIGEST_BYTES = 1 << 20
+
+_digest_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _digest_thread() -> ThreadPoolExecutor:
+    """The digest thread of this process (a forked child gets its own: the parent's thread
+    does not exist in it)."""
+    global _digest_pool
+    if _digest_pool is None or _digest_pool[0] != os.getpid():
+        _digest_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tlckpt-digest"))
+    return _digest_pool[1]
+
+
+class DigestingWriter:
+    """A binary file object that hashes and counts every byte on its way to ``file``.
+
+    The digest is of the bytes in the order written (``xxh3_128``); one pass over the data,
+    never a second one over the file. A large buffer is hashed by a worker thread while this
+    thread writes it (both release the GIL), and :meth:`write` returns once both are done,
+    so the caller may reuse its buffer at once and updates stay in order. The first
+    :data:`~.families.HEAD_BYTES` are kept, to name the family. Seeking is not offered: a
+    writer that needs it fails (``AttributeError``) rather than digest bytes out of order.
+    """
+
+    def __init__(self, file: BinaryIO):
+        self.file = file
+        self.hash = xxhash.xxh3_128()
+        self.size = 0
+        self.head = bytearray()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if not view.c_contiguous:
+            raise ValueError("write() needs a contiguous buffer")
+        view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        if view.nbytes >= PARALLEL_DIGEST_BYTES:
+            hashing = _digest_thread().submit(self.hash.update, view)
+            try:
+                written = self.file.write(view)
+            finally:
+                hashing.result()  # the caller may reuse the buffer once we return
+        else:
+            written = self.file.write(view)
+            self.hash.update(view)
+        if written is not None and written != view.nbytes:  # a raw file's short write
+            raise OSError(errno.EIO, f"short write: {written} of {view.nbytes} bytes")
+        if len(self.head) < HEAD_BYTES:
+            self.head += view[: HEAD_BYTES - len(self.head)]
+        self.size += view.nbytes
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def hexdigest(self) -> str:
+        """The digest of everything written so far."""
+        return self.hash.hexdigest()
+
+
+def _hash_range(fd: int, h: Any, start: int, stop: int, buffer: bytearray) -> int:
+    """Feed bytes ``[start, stop)`` of ``fd`` to ``h`` (``pread``: the handle's position is
+    left alone); returns where it stopped (before ``stop`` at the end of the file)."""
+    view = memoryview(buffer)
+    pos = start
+    while pos < stop:
+        n = os.preadv(fd, [view[: min(len(view), stop - pos)]], pos)
+        if not n:
+            break
+        h.update(view[:n])
+        pos += n
+    return pos
+
+
+def hash_file(file: BinaryIO, size_hint: int) -> tuple[str, int]:
+    """The digest and length of ``file``'s bytes from the start (one sequential pass)."""
+    h = xxhash.xxh3_128()
+    buffer = bytearray(min(HASH_CHUNK, max(size_hint, 1)))
+    # Past the size hint, on to the end: a file that grew shows in the length.
+    length = _hash_range(file.fileno(), h, 0, 2**63 - 1, buffer)
+    return h.hexdigest(), length
+
+
+#: A read this close past the hashed prefix first hashes the bytes in between (a record's
+#: header between two payloads); a longer jump is left for :meth:`DigestingReader.finish`,
+#: where it is hashed once (a checking pass that skips payloads would otherwise hash them
+#: all a second time by ``pread`` before the payload pass reads them).
+GAP_BYTES = 64 << 10
+
+
+class DigestingReader:
+    """A read-only view of an open member file that hashes its bytes as a load reads them.
+
+    The digest is of the file's bytes in order. A read that starts inside, at, or just past
+    (:data:`GAP_BYTES`) the prefix hashed so far extends it with the very bytes the caller
+    receives — hashed before they are handed over, so what was loaded is what was hashed.
+    Bytes the caller never reads, or reads out of order, are hashed by :meth:`finish` (one
+    ``pread`` pass over what is left). A load that reads its file front to back is thus
+    verified without a second pass; any other pattern stays correct and costs the rest.
+
+    The position is tracked here (every read goes through this object); ``fileno`` is
+    offered for ``fstat`` only — bytes read through the descriptor directly are hashed by
+    :meth:`finish` like any unread ones.
+    """
+
+    def __init__(self, file: BinaryIO, name: Any = None):
+        self.file = file
+        self.name = name
+        self.hash = xxhash.xxh3_128()
+        self.hashed = 0  # bytes [0, hashed) went into the hash
+        self.pos = file.seek(0)
+
+    def _consume(self, start: int, view: memoryview) -> None:
+        if self.hashed < start <= self.hashed + GAP_BYTES:
+            self.hashed = _hash_range(
+                self.file.fileno(), self.hash, self.hashed, start, bytearray(start - self.hashed)
+            )
+        end = start + view.nbytes
+        if start <= self.hashed < end:
+            self.hash.update(view[self.hashed - start :])
+            self.hashed = end
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.file.read(size)
+        self._consume(self.pos, memoryview(data))
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = self.file.readinto(view) or 0
+        self._consume(self.pos, view[:n])
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.pos = self.file.seek(offset, whence)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def finish(self) -> tuple[str, int]:
+        """Hash whatever was not read in order, up to the end of the file.
+
+        Returns:
+            The digest of the whole file and its length (as found now).
+        """
+        fd = self.file.fileno()
+        left = os.fstat(fd).st_size - self.hashed
+        end = _hash_range(
+            fd, self.hash, self.hashed, 2**63 - 1, bytearray(min(HASH_CHUNK, max(left, 1)))
+        )
+        self.hashed = end
+        return self.hash.hexdigest(), end
