@@ -93,7 +93,10 @@ class SetWriter:
             ``<directory>/step-<20 digits>`` (:func:`set_path`).
         step: the set's step.
         overwrite: replace a committed set at ``path`` (else it is an error, checked here
-            and again at the rename).
+            and again at the rename). The two are exchanged atomically where the platform
+            can (:meth:`_install`): killed at any moment, ``path`` holds the old set or the
+            new one. A symbolic link at ``path`` is replaced as a link (its target is
+            never followed or removed).
         durable: ``fsync`` files and folders (default); ``False`` keeps atomicity against a
             crash of this process, not against a power cut.
 
@@ -197,7 +200,8 @@ class SetWriter:
 
         Raises:
             FileExistsError: a set of this step was committed meanwhile (no ``overwrite``).
-            OSError: from the file system; nothing is committed.
+            OSError: from the file system; nothing is committed (an error after the new set
+                is in place — the folder's ``fsync`` — leaves it committed).
         """
         data = build_manifest(self.step, library_name(), self.records(), state, world_size)
         with self._file(MANIFEST_FILE) as f:

@@ -106,7 +106,9 @@ def test_overwriting_a_linked_step_replaces_the_link_only(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if mode == "no-exchange":
-        monkeypatch.setattr("tlckpt.codec.set_commit.exchange", lambda first, second: False)
+        monkeypatch.setattr(
+            "tlckpt.codec.set_commit.exchange", lambda first, second: False, raising=False
+        )
     target, managed = _elsewhere(tmp_path, 1)
     write(str(managed), 1, 2, overwrite=True)
     assert os.listdir(managed) == [STEP] and not (managed / STEP).is_symlink()
