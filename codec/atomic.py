@@ -26,14 +26,18 @@ for writing.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import os
+import platform
 import re
 import shutil
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -49,6 +53,7 @@ __all__ = [
     "commit_temporary",
     "create_temporary",
     "discard_temporary",
+    "exchange",
     "fsync_folder",
     "is_temporary",
     "is_library_temporary",
@@ -179,6 +184,71 @@ def _fsync_dir(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------------- exchange
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_RENAME_SWAP = 2  # macOS sys/stdio.h
+# renameat2's system call number, for a C library too old to wrap it (glibc < 2.28).
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276}
+# What says "this kernel or this file system cannot exchange": nothing was changed.
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+@functools.cache
+def _exchange_call() -> tuple[str, object] | None:
+    """The C function that exchanges two names here, or ``None`` (no such call)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover - a process without a C library to look into
+        return None
+    if sys.platform.startswith("linux"):
+        if hasattr(libc, "renameat2"):
+            return "renameat2", libc.renameat2
+        number = _SYS_RENAMEAT2.get(platform.machine())
+        if number is not None and hasattr(libc, "syscall"):
+            return "syscall", functools.partial(libc.syscall, ctypes.c_long(number))
+        return None
+    if sys.platform == "darwin" and hasattr(libc, "renamex_np"):
+        return "renamex_np", libc.renamex_np
+    return None
+
+
+def exchange(first: str | os.PathLike, second: str | os.PathLike) -> bool:
+    """Swap the names ``first`` and ``second`` atomically (both must exist; they may be of
+    different kinds): at every moment each name holds one of the two, never nothing.
+
+    Linux 3.15+ ``renameat2(RENAME_EXCHANGE)``, macOS ``renamex_np(RENAME_SWAP)``.
+
+    Returns:
+        Whether they were exchanged; ``False`` (nothing changed) where the platform, the
+        kernel or the file system offers no exchange.
+
+    Raises:
+        OSError: naming both paths (one is missing, permissions, ...); nothing changed.
+    """
+    call = _exchange_call()
+    if call is None:
+        return False
+    kind, function = call
+    a, b = os.fsencode(first), os.fsencode(second)
+    ctypes.set_errno(0)
+    if kind == "renamex_np":
+        result = function(a, b, ctypes.c_uint(_RENAME_SWAP))  # type: ignore[operator]
+    elif kind == "renameat2":
+        fd = ctypes.c_int(_AT_FDCWD)
+        result = function(fd, a, fd, b, ctypes.c_uint(_RENAME_EXCHANGE))  # type: ignore[operator]
+    else:  # syscall(2) is variadic: every argument a full register
+        fd = ctypes.c_long(_AT_FDCWD)
+        result = function(fd, a, fd, b, ctypes.c_long(_RENAME_EXCHANGE))  # type: ignore[operator]
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), os.fsdecode(first), None, os.fsdecode(second))
 
 
 def _name_destination(exc: OSError, dest: str) -> None:

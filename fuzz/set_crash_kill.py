@@ -9,7 +9,9 @@ with values of its own, takes an AdamW step, announces a digest of what it is ab
 (computed from its live tensors, independently of the library's writer), and saves the set
 of the trial's step through a ``CheckpointManager(keep_last=3)`` — blocking on even trials,
 in the background (``blocking=False``, then ``wait``) on odd ones — over the sets earlier
-trials left. The parent kills it with SIGKILL after a random delay drawn over the whole save
+trials left. Every third trial instead saves new values over the newest committed set
+(``overwrite=True``): killed, that step must hold the old set or the new one, never nothing.
+The parent kills it with SIGKILL after a random delay drawn over the whole save
 (calibrated by the first trials of each kind, which are not killed).
 
 After every trial the parent checks:
@@ -78,7 +80,9 @@ def _digest(model: Any, opt: Any) -> str:
     return h.hexdigest()
 
 
-def _child(conn: Any, folder: str, size_mb: float, step: int, blocking: bool) -> None:
+def _child(
+    conn: Any, folder: str, size_mb: float, step: int, blocking: bool, values: int, overwrite: bool
+) -> None:
     import torch
 
     import tlckpt
@@ -89,11 +93,18 @@ def _child(conn: Any, folder: str, size_mb: float, step: int, blocking: bool) ->
     opt.step()
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(step)  # values of this trial's own
+            p.add_(values)  # values of this trial's own
     conn.send(("ready", _digest(model, opt)))
     conn.recv()  # "go": the parent's clock for the kill delay starts now
     manager = tlckpt.CheckpointManager(folder, keep_last=KEEP_LAST)
-    handle = manager.save(step, model=model, optimizer=opt, random_counter=step, blocking=blocking)
+    handle = manager.save(
+        step,
+        model=model,
+        optimizer=opt,
+        random_counter=step,
+        blocking=blocking,
+        overwrite=overwrite,
+    )
     conn.send(("returned", time.monotonic()))
     handle.wait()
     conn.send(("done", time.monotonic()))
@@ -119,7 +130,7 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
 
     torch.set_num_threads(1)  # the parent forks: no thread pool may be running
     ctx = mp.get_context("fork")
-    announced: dict[int, str] = {}
+    announced: dict[int, set[str]] = {}  # what each step's set may restore to
     seen: set[int] = set()
     durations: dict[bool, list[float]] = {True: [], False: []}
     outcomes: Counter = Counter()
@@ -132,10 +143,15 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     for trial in range(trials + calibration):
         step = trial + 1
         blocking = trial % 2 == 0
+        newest = committed_steps(folder)
+        overwrite = trial >= calibration and trial % 3 == 2 and bool(newest)
+        if overwrite:
+            step = newest[-1]  # new values over the newest set: old or new, never nothing
         # Listed before the child starts: it writes nothing until "go".
         before = {e for e in os.listdir(folder) if is_library_temporary(e)}
-        child = Child(ctx, _child, (str(folder), size_mb, step, blocking))
-        announced[step] = child.ready[1]
+        child = Child(ctx, _child, (str(folder), size_mb, step, blocking, trial + 1, overwrite))
+        digest = child.ready[1]
+        announced[step] = announced.get(step, set()) | {digest} if overwrite else {digest}
         delay = None
         if trial >= calibration:
             estimate = sorted(durations[blocking])[len(durations[blocking]) // 2]
@@ -149,7 +165,7 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
             raise RuntimeError("a calibration trial did not finish")
         else:
             killed += 1
-        kind = "sync" if blocking else "async"
+        kind = ("sync" if blocking else "async") + (" overwrite" if overwrite else "")
         phase = "completed" if done else ("killed after return" if messages else "killed")
         outcomes[f"{kind} {phase}"] += 1
 
@@ -168,8 +184,9 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
             try:
                 got = _restored_digest(folder, latest, size_mb)
                 restores += 1
-                if got != announced[latest]:
+                if got not in announced[latest] or (done and latest == step and got != digest):
                     problems.append(f"trial {trial}: set {latest} restores other values")
+                announced[latest] = {got}
             except Exception as exc:  # recorded
                 problems.append(f"trial {trial}: restoring {latest}: {type(exc).__name__}: {exc}")
         if done and step not in committed:

@@ -66,7 +66,8 @@ def save_checkpoint(
     overwrite: bool = False,
 ) -> Path:
     """Save a whole training state as one checkpoint set: the folder ``path``, committed
-    atomically (a crash leaves the previous folder or none, and a recognisable leftover).
+    atomically (a crash leaves the previous set at ``path`` — or none — or the new one, and
+    a recognisable leftover that the next save into the same folder removes).
 
     Args:
         path: the set's folder; it must not exist unless ``overwrite``.
@@ -76,7 +77,8 @@ def save_checkpoint(
         random_counter: the run's random counter, if it has one.
         extra: anything else, of JSON values (exactly, or refused).
         step: the step the set records.
-        overwrite: replace an existing set at ``path``.
+        overwrite: replace an existing set at ``path`` (a symbolic link there is replaced,
+            its target untouched).
 
     Returns:
         The set's folder.
