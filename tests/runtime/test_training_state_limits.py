@@ -20,8 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlckpt import CheckpointError, CheckpointManager
+from tlckpt.codec.set_documents import parse_training_state
 from tlckpt.formats import checkpoint_set as layout
-from tlckpt.formats.checkpoint_set import LIMITS
+from tlckpt.formats.checkpoint_set import LIMITS, MAX_TRAINING_STATE_BYTES
+from tlckpt.runtime.training_state import capture
 from tlckpt.testing.strategies import nested_values, same_value, training_values, value_fits
 
 
@@ -137,3 +139,23 @@ def test_save_accepts_exactly_what_restore_reads(tmp_path_factory, value: Any) -
         assert caught.value.field.startswith("extra")
         assert _listing(directory) == before
         assert manager.restore(model=model).extra == "previous"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_values(beyond=True))
+def test_captured_documents_parse_back_exactly(value: Any) -> None:
+    """At the document level, from the live objects: ``capture`` → ``parse_training_state``."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [3, 3, 5])
+    if not value_fits(value):
+        with pytest.raises(CheckpointError) as caught:
+            capture(4, optimizer, scheduler, 7, value)
+        assert caught.value.field.startswith("extra")
+        return
+    state = parse_training_state(
+        capture(4, optimizer, scheduler, 7, value), MAX_TRAINING_STATE_BYTES
+    )
+    assert same_value(state.extra, value)
+    assert same_value(state.scheduler, scheduler.state_dict())
+    assert type(state.scheduler["milestones"]) is collections.Counter
