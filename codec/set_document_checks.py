@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ..formats.checkpoint_set import MAX_NAME_BYTES
+from ..formats import checkpoint_set as layout
 from .errors import (
     FileTooLargeError,
     MalformedError,
@@ -106,12 +106,15 @@ def integer_field(value: Any, field: str, low: int, high: int) -> int:
     return value
 
 
-def string_field(value: Any, field: str, limit: int = MAX_NAME_BYTES) -> str:
-    """``value`` if it is a string of at most ``limit`` bytes in UTF-8.
+def string_field(value: Any, field: str, limit: int | None = None) -> str:
+    """``value`` if it is a string of at most ``limit`` bytes in UTF-8 (default: the
+    table's ``LIMITS.name_bytes``).
 
     Raises:
         MalformedError: it is not (``field`` named).
     """
+    if limit is None:
+        limit = layout.LIMITS.name_bytes
     if type(value) is not str or len(value.encode("utf-8", "surrogatepass")) > limit:
         raise MalformedError(
             f"{field} must be a string of at most {limit} bytes, got {short(value)}",

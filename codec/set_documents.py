@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 import xxhash
 
+from ..formats import checkpoint_set as layout
 from ..formats.checkpoint_set import (
     DIGEST_ALGORITHM,
     DIGEST_HEX_DIGITS,
     MANIFEST_KEYS,
-    MAX_RANK,
     MEMBER_FILES,
     MEMBER_KEYS,
     MEMBER_ROLES,
@@ -130,7 +130,7 @@ class TrainingState:
 
 #: A member's digest and family name, as the manifest spells them.
 _HEX = re.compile(rf"[0-9a-f]{{{DIGEST_HEX_DIGITS}}}")
-_FAMILY = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_FAMILY = re.compile(rf"[a-z][a-z0-9_]{{0,{layout.LIMITS.family_bytes - 1}}}")
 
 
 def _member(role: str, entry: Any) -> MemberRecord:
@@ -147,7 +147,7 @@ def _member(role: str, entry: Any) -> MemberRecord:
             actual=short(file),
             expected=list(MEMBER_FILES[role]),
         )
-    family = string_field(entry["family"], f"{field}.family", 64)
+    family = string_field(entry["family"], f"{field}.family", layout.LIMITS.family_bytes)
     if not _FAMILY.fullmatch(family):
         raise MalformedError(f"{field}.family is not a family name: {short(family)}")
     digest = entry["digest"]
@@ -175,8 +175,9 @@ def _state(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
         if type(item) is not list or len(item) != 2 or type(item[1]) is not list:
             raise MalformedError(f"{field} must be [name, [dims]]", field=field)
         name = string_field(item[0], f"{field}.name")
-        if len(item[1]) > MAX_RANK:
-            raise MalformedError(f"{field} has more than {MAX_RANK} dimensions", field=field)
+        rank = layout.LIMITS.rank
+        if len(item[1]) > rank:
+            raise MalformedError(f"{field} has more than {rank} dimensions", field=field)
         shape = tuple(integer_field(d, f"{field}.shape", 0, U64_MAX) for d in item[1])
         out.append((name, shape))
     return tuple(out)
@@ -218,10 +219,10 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
         )
     manifest = Manifest(
         step=integer_field(document["step"], "step", 0, STEP_MAX),
-        library=string_field(document["library"], "library", 256),
+        library=string_field(document["library"], "library", layout.LIMITS.library_bytes),
         members={role: _member(role, members[role]) for role in MEMBER_ROLES if role in members},
         state=_state(document["state"]),
-        world_size=integer_field(document["world_size"], "world_size", 1, 1 << 24),
+        world_size=integer_field(document["world_size"], "world_size", 1, layout.LIMITS.world_size),
     )
     recorded = document["self_digest"]
     if type(recorded) is not str or not _HEX.fullmatch(recorded):
@@ -308,6 +309,55 @@ def parse_training_state(data: bytes, limit: int) -> TrainingState:
 # --------------------------------------------------------------------------- writing
 
 
+def _writer_check(condition: bool, field: str, message: str, actual: Any = None) -> None:
+    """Refuse, at the writer, what the reader would refuse (before anything is committed)."""
+    if not condition:
+        raise CheckpointError(f"{field} {message}", field=field, actual=actual)
+
+
+def _utf8_bytes(text: str) -> int | None:
+    """``text``'s size in UTF-8, or ``None`` when it holds a lone surrogate (no UTF-8)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _check_manifest_values(
+    step: int, library: str, state: Sequence[tuple[str, Sequence[int]]], world_size: int
+) -> None:
+    limits = layout.LIMITS
+    _writer_check(type(step) is int and 0 <= step <= STEP_MAX, "step", "must be a u64", short(step))
+    size = _utf8_bytes(library) if type(library) is str else None
+    _writer_check(
+        size is not None and size <= limits.library_bytes,
+        "library",
+        f"must be a string of at most {limits.library_bytes} UTF-8 bytes",
+        short(library),
+    )
+    _writer_check(
+        type(world_size) is int and 1 <= world_size <= limits.world_size,
+        "world_size",
+        f"must be an integer in [1, {limits.world_size}]",
+        short(world_size),
+    )
+    for i, (name, shape) in enumerate(state):
+        size = _utf8_bytes(name) if type(name) is str else None
+        _writer_check(
+            size is not None and size <= limits.name_bytes,
+            f"state[{i}].name",
+            f"must be a string of at most {limits.name_bytes} UTF-8 bytes (no lone"
+            " surrogate): every reader of the manifest refuses longer names",
+            short(name),
+        )
+        _writer_check(
+            len(shape) <= limits.rank and all(type(d) is int and 0 <= d <= U64_MAX for d in shape),
+            f"state[{i}].shape",
+            f"must have at most {limits.rank} dimensions, each a u64",
+            short(shape),
+        )
+
+
 def build_manifest(
     step: int,
     library: str,
@@ -315,7 +365,15 @@ def build_manifest(
     state: Sequence[tuple[str, Sequence[int]]],
     world_size: int,
 ) -> bytes:
-    """The manifest's bytes (compact JSON, keys in :data:`MANIFEST_KEYS` order)."""
+    """The manifest's bytes (compact JSON, keys in :data:`MANIFEST_KEYS` order).
+
+    Raises:
+        CheckpointError: a value the manifest's readers would refuse (a tensor name longer
+            than ``LIMITS.name_bytes``, more than ``LIMITS.rank`` dimensions, a library name
+            or world size out of bounds, a manifest over ``LIMITS.manifest_bytes``), named;
+            nothing is committed.
+    """
+    _check_manifest_values(step, library, state, world_size)
     document = {
         "format": SET_FORMAT,
         "version": SET_VERSION,
@@ -336,7 +394,15 @@ def build_manifest(
         "world_size": world_size,
     }
     document["self_digest"] = _self_digest(document)
-    return orjson.dumps(document)
+    data = orjson.dumps(document)
+    _writer_check(
+        len(data) <= layout.LIMITS.manifest_bytes,
+        "manifest",
+        f"would have {len(data):,} bytes, more than the {layout.LIMITS.manifest_bytes:,} a"
+        " reader takes (too many or too long tensor names)",
+        len(data),
+    )
+    return data
 
 
 def _self_digest(document: dict[str, Any]) -> str:
@@ -365,8 +431,11 @@ def build_training_state(
         extra: the caller's value (or ``None``).
 
     Raises:
-        CheckpointError: a value JSON cannot hold exactly (the message names where), or a
-            random counter outside the u64 range.
+        CheckpointError: a value JSON cannot hold exactly or a reader would refuse (too
+            deep, an integer of too many digits; the message names where), a random counter
+            or step outside the u64 range, or a document over
+            ``LIMITS.training_state_bytes``: every bound of :data:`~.checkpoint_set.LIMITS`
+            that :func:`parse_training_state` keeps, checked before anything is written.
     """
     if random_counter is not None and (
         type(random_counter) is not int or not 0 <= random_counter <= U64_MAX
@@ -376,6 +445,18 @@ def build_training_state(
             field="random_counter",
             actual=short(random_counter),
         )
+    _writer_check(type(step) is int and 0 <= step <= STEP_MAX, "step", "must be a u64", short(step))
+    if param_groups is not None:
+        for i, group in enumerate(param_groups):
+            # What the reader requires of a group (hyperparameter names to values).
+            _writer_check(
+                type(group) is dict
+                and all(type(k) is str for k in group)
+                and "params" not in group,
+                f"param_groups[{i}]",
+                "must map hyperparameter names (strings) to values, without params",
+                short(group),
+            )
     document = {
         "format": TRAINING_STATE_FORMAT,
         "version": TRAINING_STATE_VERSION,
@@ -395,4 +476,13 @@ def build_training_state(
         },
         "extra": encode_value(extra, ("extra",)),
     }
-    return orjson.dumps(document)
+    data = orjson.dumps(document)
+    limit = layout.LIMITS.training_state_bytes
+    _writer_check(
+        len(data) <= limit,
+        "training state",
+        f"would have {len(data):,} bytes, more than the {limit:,} a reader takes (a smaller"
+        " extra, or keep large data in a file of its own)",
+        len(data),
+    )
+    return data

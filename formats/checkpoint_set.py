@@ -12,10 +12,11 @@ order) holding:
 * the manifest ``manifest.json``, written last: the commit point (:data:`MANIFEST_KEYS`).
 
 Every document is JSON, each key once. Values that JSON cannot hold exactly (a non-finite
-float, an integer beyond 64 bits, a tuple, a mapping whose keys are not all plain strings)
-are written as one-member objects whose key is a tag (:data:`VALUE_TAGS`); a mapping with a
-plain string key that starts with :data:`TAG_MARK` is itself written tagged, so a tag is
-never mistaken for data.
+float, an integer beyond 64 bits, a tuple, a mapping whose keys are not all plain strings,
+the ``collections`` containers of schedulers' states, a set) are written as one-member
+objects whose key is a tag (:data:`VALUE_TAGS`); a mapping with a plain string key that
+starts with :data:`TAG_MARK` is itself written tagged, so a tag is never mistaken for data.
+Every bound a reader enforces is in :data:`LIMITS`, which the writers check too.
 
 Manifest::
 
@@ -44,6 +45,7 @@ Training state::
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 __all__ = [
     "SET_FORMAT",
@@ -71,6 +73,8 @@ __all__ = [
     "MEMBER_KEYS",
     "TRAINING_STATE_KEYS",
     "RNG_KEYS",
+    "SetLimits",
+    "LIMITS",
     "MAX_MANIFEST_BYTES",
     "MAX_TRAINING_STATE_BYTES",
     "MAX_VALUE_DEPTH",
@@ -83,7 +87,14 @@ __all__ = [
     "TAG_TUPLE",
     "TAG_DICT",
     "TAG_TENSOR",
+    "TAG_COUNTER",
+    "TAG_ORDERED_DICT",
+    "TAG_DEFAULT_DICT",
+    "TAG_DEQUE",
+    "TAG_SET",
+    "TAG_FROZENSET",
     "VALUE_TAGS",
+    "DEFAULT_FACTORIES",
     "INT_RANGE",
 ]
 
@@ -173,19 +184,51 @@ RNG_KEYS = ("torch", "cuda", "numpy", "random")
 
 # --------------------------------------------------------------------------- bounds
 
-#: The largest manifest read: a model of a million named tensors fits.
-MAX_MANIFEST_BYTES = 256 << 20
-#: The largest training-state document read (scheduler, hyperparameters, random states and
-#: the caller's ``extra``).
-MAX_TRAINING_STATE_BYTES = 256 << 20
-#: The deepest nesting of a value (a scheduler's state, ``extra``).
-MAX_VALUE_DEPTH = 64
-#: The longest tensor name a manifest may hold, in UTF-8 bytes.
-MAX_NAME_BYTES = 4096
-#: The most dimensions a tensor shape in a manifest may have.
-MAX_RANK = 64
-#: The most decimal digits of a tagged integer (Python's own default limit for ``int(str)``).
-MAX_INT_DIGITS = 4300
+
+@dataclass(frozen=True)
+class SetLimits:
+    """The bounds of a set's documents: every reader refuses what passes one, and every
+    writer checks the same bounds before anything is written or committed, so that what a
+    save accepts a restore reads back (one table for both sides: :data:`LIMITS`).
+
+    Attributes:
+        manifest_bytes: the largest manifest (a model of a million named tensors fits).
+        training_state_bytes: the largest training-state document (scheduler,
+            hyperparameters, random states and the caller's ``extra``).
+        value_depth: the deepest nesting of containers in a value (a scheduler's state,
+            ``extra``): ``[]`` is nested 1 deep, ``[[1]]`` 2. Every container counts once,
+            however its JSON is tagged (a ``$dict`` is one level, like a plain object).
+        name_bytes: the longest tensor name in a manifest, in UTF-8 bytes.
+        rank: the most dimensions of a tensor shape in a manifest.
+        int_digits: the most decimal digits of a tagged integer (Python's own default
+            limit for ``int(str)``).
+        library_bytes: the longest ``library`` a manifest names, in UTF-8 bytes.
+        family_bytes: the longest member family name.
+        world_size: the most processes a set may record.
+    """
+
+    manifest_bytes: int = 256 << 20
+    training_state_bytes: int = 256 << 20
+    value_depth: int = 64
+    name_bytes: int = 4096
+    rank: int = 64
+    int_digits: int = 4300
+    library_bytes: int = 256
+    family_bytes: int = 64
+    world_size: int = 1 << 24
+
+
+#: The one table of bounds (:class:`SetLimits`), read at call time by the writers and the
+#: readers of both documents.
+LIMITS = SetLimits()
+
+# The same bounds by their historical names (for readers that pass a bound explicitly).
+MAX_MANIFEST_BYTES = LIMITS.manifest_bytes
+MAX_TRAINING_STATE_BYTES = LIMITS.training_state_bytes
+MAX_VALUE_DEPTH = LIMITS.value_depth
+MAX_NAME_BYTES = LIMITS.name_bytes
+MAX_RANK = LIMITS.rank
+MAX_INT_DIGITS = LIMITS.int_digits
 
 # --------------------------------------------------------------------------- exact values
 
@@ -203,6 +246,48 @@ TAG_TUPLE = "$tuple"
 TAG_DICT = "$dict"
 #: A zero-dimensional tensor (a learning rate held as a tensor): ``[dtype name, value]``.
 TAG_TENSOR = "$tensor"
-VALUE_TAGS = (TAG_FLOAT, TAG_INT, TAG_TUPLE, TAG_DICT, TAG_TENSOR)
+#: A ``collections.Counter`` (``MultiStepLR``'s milestones): the array of its ``[key, count]``
+#: pairs, in its order.
+TAG_COUNTER = "$counter"
+#: A ``collections.OrderedDict``: the array of its ``[key, value]`` pairs, in order.
+TAG_ORDERED_DICT = "$ordereddict"
+#: A ``collections.defaultdict`` whose default factory is one of :data:`DEFAULT_FACTORIES`:
+#: the factory's name (``null`` for none), then its ``[key, value]`` pairs.
+TAG_DEFAULT_DICT = "$defaultdict"
+#: A ``collections.deque``: its ``maxlen`` (``null`` for none), then its items.
+TAG_DEQUE = "$deque"
+#: A ``set``: the array of its items (in the set's iteration order at the save).
+TAG_SET = "$set"
+#: A ``frozenset``: the array of its items.
+TAG_FROZENSET = "$frozenset"
+VALUE_TAGS = (
+    TAG_FLOAT,
+    TAG_INT,
+    TAG_TUPLE,
+    TAG_DICT,
+    TAG_TENSOR,
+    TAG_COUNTER,
+    TAG_ORDERED_DICT,
+    TAG_DEFAULT_DICT,
+    TAG_DEQUE,
+    TAG_SET,
+    TAG_FROZENSET,
+)
+#: The default factories a tagged ``defaultdict`` may name: types whose call makes a value
+#: the document holds exactly. Any other factory (a lambda, a function) is code: refused.
+DEFAULT_FACTORIES = (
+    "bool",
+    "int",
+    "float",
+    "str",
+    "list",
+    "tuple",
+    "dict",
+    "set",
+    "frozenset",
+    "collections.Counter",
+    "collections.OrderedDict",
+    "collections.deque",
+)
 #: Integers written as JSON numbers: what every JSON reader of 64-bit integers keeps exactly.
 INT_RANGE = (-(2**63), 2**64 - 1)
