@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,9 @@ import torch
 
 from ..codec.errors import CheckpointError, ConfigError
 from ..codec.exact_values import TensorScalar
+from ..codec.rng_states import check_random_state
 from ..codec.set_documents import TrainingState, build_training_state
+from . import rng_states
 
 __all__ = ["capture", "prepare", "Application"]
 
@@ -146,15 +147,6 @@ def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
         group[key] = value
 
 
-def _torch_state(data: bytes, what: str, scratch: Callable[[torch.Tensor], None]) -> torch.Tensor:
-    state = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0)
-    try:
-        scratch(state)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise ConfigError(f"the saved {what} random state does not fit: {exc}") from None
-    return state
-
-
 @dataclass
 class Application:
     """A prepared restore of the training state: :meth:`apply` writes it into the live
@@ -201,36 +193,16 @@ class Application:
 
 
 def _prepared_rng(saved: dict[str, Any] | None) -> dict[str, Any]:
+    """Every random state checked whole (:mod:`.rng_states`), in the form it is installed:
+    installing them in the commit cannot fail, nor corrupt a generator."""
     if saved is None:
         raise CheckpointError("the set holds no random states (rng=True asks for them)")
-    cpu = _torch_state(saved["torch"], "torch CPU", lambda s: torch.Generator().set_state(s))
-    cuda = []
-    if saved["cuda"]:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count != len(saved["cuda"]):
-            raise ConfigError(
-                f"the set holds the random states of {len(saved['cuda'])} CUDA devices, this"
-                f" process has {count}",
-                actual=count,
-                expected=len(saved["cuda"]),
-            )
-        for i, data in enumerate(saved["cuda"]):
-
-            def fits(s: torch.Tensor, i: int = i) -> None:
-                expected = torch.cuda.get_rng_state(i).numel()
-                if s.numel() != expected:
-                    raise ValueError(f"{s.numel()} bytes, CUDA device {i} has {expected}")
-
-            cuda.append(_torch_state(data, f"CUDA device {i}", fits))
-    try:
-        np.random.RandomState().set_state(saved["numpy"])
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
-        raise ConfigError(f"the saved numpy random state does not fit: {exc}") from None
-    try:
-        random.Random().setstate(saved["random"])
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise ConfigError(f"the saved random module state does not fit: {exc}") from None
-    return {"torch": cpu, "cuda": cuda, "numpy": saved["numpy"], "random": saved["random"]}
+    return {
+        "torch": rng_states.cpu_state(saved["torch"]),
+        "cuda": rng_states.cuda_states(saved["cuda"]),
+        "numpy": rng_states.numpy_state(saved["numpy"]),
+        "random": check_random_state(saved["random"]),
+    }
 
 
 def prepare(
