@@ -29,6 +29,8 @@ from ..codec.exact_values import TensorScalar
 from ..codec.rng_states import check_random_state
 from ..codec.set_documents import TrainingState, build_training_state
 from . import rng_states
+from .param_group_values import restored_values
+from .rollback import Rollback
 
 __all__ = ["capture", "prepare", "Application"]
 
@@ -113,25 +115,6 @@ def capture(
 # --------------------------------------------------------------------------- restore
 
 
-def _live_value(saved: Any, live: Any) -> Any:
-    """What a saved hyperparameter becomes in a live group: a :class:`TensorScalar` a
-    tensor again (the live tensor's device), containers rebuilt, plain values as they are."""
-    if isinstance(saved, TensorScalar):
-        dtype = getattr(torch, saved.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"unknown tensor dtype {saved.dtype!r}", actual=saved.dtype)
-        device = live.device if isinstance(live, torch.Tensor) else torch.device("cpu")
-        value = torch.tensor(saved.value, dtype=dtype, device=device)
-        if value.item() != saved.value and saved.value == saved.value:
-            raise ConfigError(f"{saved.value!r} is not exactly a {saved.dtype}")
-        return value
-    if type(saved) in (list, tuple):
-        same = type(live) in (list, tuple) and len(live) == len(saved)
-        lives = live if same else [None] * len(saved)
-        return type(saved)(_live_value(s, v) for s, v in zip(saved, lives))
-    return saved
-
-
 def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
     """Put a hyperparameter back; a live zero-dimensional tensor keeps its identity (a
     compiled or captured step holds it) and takes the value in place."""
@@ -160,18 +143,26 @@ class Application:
 
     def apply_scheduler(self) -> None:
         """Load the scheduler's state (first in the commit: the one step that calls user
-        code; on failure it is put back as it was, and nothing else has changed).
+        code). It is staged: everything the scheduler's ``load_state_dict`` could change
+        (the scheduler's attributes, its child schedulers, the optimizer's param group
+        dictionaries) is recorded first, and put back exactly, in place, if it raises — a
+        ``KeyboardInterrupt`` included; nothing else has changed by then.
 
         Raises:
             CheckpointError: the scheduler refused the state.
+            BaseException: what ``load_state_dict`` raised, if not an ``Exception``
+                (``KeyboardInterrupt``), after the rollback.
         """
         if self.scheduler is None:
             return
-        before = copy.deepcopy(self.scheduler.state_dict())
+        groups = [] if self.optimizer is None else self.optimizer.param_groups
+        before = Rollback([self.scheduler, groups, *groups])
         try:
             self.scheduler.load_state_dict(copy.deepcopy(self.scheduler_state))
-        except Exception as exc:  # user code: whatever it raises means "does not fit"
-            self.scheduler.load_state_dict(before)
+        except BaseException as exc:  # user code: put everything back, whatever it raised
+            before.restore()
+            if not isinstance(exc, Exception):
+                raise
             raise ConfigError(
                 f"the scheduler refused the saved state: {type(exc).__name__}: {exc}",
                 field="scheduler",
@@ -213,10 +204,15 @@ def prepare(
 ) -> Application:
     """Check the training state against the live objects; change nothing.
 
+    Param groups: the values the optimizer member holds must agree with the live ones, the
+    execution flags stay the live run's, and only keys the live group has are restored, in
+    the live value's form (:mod:`.param_group_values`).
+
     Raises:
         CheckpointError: a scheduler is given and the set has none; the set's param groups
-            do not match the optimizer's in number; ``rng`` and the random states do not
-            fit (the message says which).
+            do not match the optimizer's in number, or a group's value disagrees with the
+            optimizer (``ConfigError``, the group and key named); ``rng`` and a random state
+            that is malformed or does not fit (the field named).
     """
     if scheduler is not None and state.scheduler is None:
         raise CheckpointError("a scheduler was given, and the set holds no scheduler state")
@@ -235,8 +231,8 @@ def prepare(
                 expected=len(state.param_groups),
             )
         groups = [
-            {k: _live_value(v, live.get(k)) for k, v in saved.items()}
-            for saved, live in zip(state.param_groups, optimizer.param_groups)
+            restored_values(saved, live, i)
+            for i, (saved, live) in enumerate(zip(state.param_groups, optimizer.param_groups))
         ]
     return Application(
         groups=groups,
