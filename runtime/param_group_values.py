@@ -58,7 +58,7 @@ def _number(value: Any) -> float | None:
         if value.dim() != 0:
             return None
         value = value.item()
-    if type(value) not in (int, float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
         return float(value)
@@ -131,7 +131,7 @@ def _restored(saved: Any, live: Any, field: str) -> Any:
         if type(saved) is not type(live):
             raise _differs(field, saved, live, f"a {type(live).__name__} is restored")
         return saved
-    if type(live) in (int, float):
+    if isinstance(live, (int, float)):  # bool handled above; numpy floats are floats
         if type(saved) not in (int, float):
             raise _differs(field, saved, live, "a number is restored")
         return saved

@@ -10,8 +10,10 @@ generator, each initialised CUDA device's, numpy's legacy global generator, Pyth
 where it is, before anything is written.
 
 A restore is prepared first (:func:`prepare`: every value checked against the live objects,
-the random states tried on scratch generators) and applied after (:class:`Application`,
-inside the commit block), so that nothing live changes unless everything fits.
+the param groups' values sorted into checked, restored and left alone
+(:mod:`.param_group_values`), the random states checked whole (:mod:`.rng_states`)) and
+applied after (:class:`Application`, inside the commit block, the scheduler's load staged
+and rolled back on failure), so that nothing live changes unless everything fits.
 """
 
 from __future__ import annotations
