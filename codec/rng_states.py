@@ -87,14 +87,17 @@ def check_numpy_state(value: Any, field: str = "rng.numpy") -> dict[str, Any]:
     """
     if type(value) is not dict:
         raise _refuse(field, "must be an object", value, "object")
-    exact_keys(value, _NUMPY_KEYS, field)
-    if value["bit_generator"] != "MT19937":
+    # First: another bit generator (np.random.set_bit_generator) has other keys, and this
+    # is the reason to name. Its states are not checked here, so they are refused.
+    if value.get("bit_generator") != "MT19937":
         raise _refuse(
             f"{field}.bit_generator",
-            "must be 'MT19937' (the legacy global generator's)",
-            value["bit_generator"],
+            "must be 'MT19937': numpy's legacy global generator, the one tlckpt saves and"
+            " restores (np.random.set_bit_generator with another is not supported)",
+            value.get("bit_generator"),
             "MT19937",
         )
+    exact_keys(value, _NUMPY_KEYS, field)
     state = value["state"]
     if type(state) is not dict:
         raise _refuse(f"{field}.state", "must be an object", state, "object")

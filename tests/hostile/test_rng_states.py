@@ -270,3 +270,16 @@ def test_genuine_states_round_trip(saved_set: Path) -> None:
     assert check_random_state(random.getstate()) == random.getstate()
     random.seed(2)
     assert check_random_state(random.getstate()) == random.getstate()  # gauss_next None
+
+
+def test_another_numpy_bit_generator_is_refused_at_save(tmp_path: Path) -> None:
+    """The reader takes MT19937 states only; the writer refuses the rest before writing."""
+    original = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(1))
+    try:
+        with pytest.raises(CheckpointError) as caught:
+            save_checkpoint(tmp_path / "s", model=torch.nn.Linear(2, 2))
+    finally:
+        np.random.set_bit_generator(original)
+    assert caught.value.field == "rng.numpy.bit_generator" and "PCG64" in str(caught.value)
+    assert not (tmp_path / "s").exists()
