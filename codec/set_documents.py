@@ -43,6 +43,7 @@ from .errors import (
     MalformedError,
 )
 from .exact_values import decode_value, encode_value
+from .rng_states import check_numpy_state, check_random_state
 from .set_document_checks import (
     check_format,
     exact_keys,
@@ -262,8 +263,10 @@ def _rng(value: Any) -> dict[str, Any] | None:
     return {
         "torch": bytes.fromhex(value["torch"]),
         "cuda": [bytes.fromhex(s) for s in cuda],
-        "numpy": decode_value(value["numpy"], ("rng", "numpy")),
-        "random": decode_value(value["random"], ("rng", "random")),
+        # Checked whole before anything can install them: numpy's and random's own
+        # set_state trust a position and the words' ranges (a crafted pos crashes numpy).
+        "numpy": check_numpy_state(decode_value(value["numpy"], ("rng", "numpy"))),
+        "random": check_random_state(decode_value(value["random"], ("rng", "random"))),
     }
 
 
@@ -471,8 +474,9 @@ def build_training_state(
         else {
             "torch": rng["torch"].hex(),
             "cuda": [s.hex() for s in rng["cuda"]],
-            "numpy": encode_value(rng["numpy"], ("rng", "numpy")),
-            "random": encode_value(rng["random"], ("rng", "random")),
+            # What the reader refuses is refused here, before anything is written.
+            "numpy": encode_value(check_numpy_state(rng["numpy"]), ("rng", "numpy")),
+            "random": encode_value(check_random_state(rng["random"]), ("rng", "random")),
         },
         "extra": encode_value(extra, ("extra",)),
     }

@@ -107,8 +107,10 @@ def load_checkpoint(
 
     Every member's size and digest is checked before anything live changes; the model and
     optimizer loads are read from the very handles that were hashed; the model, optimizer,
-    scheduler, every param group's hyperparameters (``lr`` included) and, with ``rng``, the
-    global random states are then written in one block with Ctrl-C held back.
+    scheduler, every param group's ``lr`` and other values the live group has (the
+    optimizer member's hyperparameters must agree with the document; execution flags stay
+    the live run's) and, with ``rng``, the global random states (each checked whole first)
+    are then written in one block with Ctrl-C held back.
 
     Args:
         path: the set's folder.

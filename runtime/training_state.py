@@ -10,15 +10,16 @@ generator, each initialised CUDA device's, numpy's legacy global generator, Pyth
 where it is, before anything is written.
 
 A restore is prepared first (:func:`prepare`: every value checked against the live objects,
-the random states tried on scratch generators) and applied after (:class:`Application`,
-inside the commit block), so that nothing live changes unless everything fits.
+the param groups' values sorted into checked, restored and left alone
+(:mod:`.param_group_values`), the random states checked whole (:mod:`.rng_states`)) and
+applied after (:class:`Application`, inside the commit block, the scheduler's load staged
+and rolled back on failure), so that nothing live changes unless everything fits.
 """
 
 from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,11 @@ import torch
 
 from ..codec.errors import CheckpointError, ConfigError
 from ..codec.exact_values import TensorScalar
+from ..codec.rng_states import check_random_state
 from ..codec.set_documents import TrainingState, build_training_state
+from . import rng_states
+from .param_group_values import restored_values
+from .rollback import Rollback
 
 __all__ = ["capture", "prepare", "Application"]
 
@@ -112,25 +117,6 @@ def capture(
 # --------------------------------------------------------------------------- restore
 
 
-def _live_value(saved: Any, live: Any) -> Any:
-    """What a saved hyperparameter becomes in a live group: a :class:`TensorScalar` a
-    tensor again (the live tensor's device), containers rebuilt, plain values as they are."""
-    if isinstance(saved, TensorScalar):
-        dtype = getattr(torch, saved.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ConfigError(f"unknown tensor dtype {saved.dtype!r}", actual=saved.dtype)
-        device = live.device if isinstance(live, torch.Tensor) else torch.device("cpu")
-        value = torch.tensor(saved.value, dtype=dtype, device=device)
-        if value.item() != saved.value and saved.value == saved.value:
-            raise ConfigError(f"{saved.value!r} is not exactly a {saved.dtype}")
-        return value
-    if type(saved) in (list, tuple):
-        same = type(live) in (list, tuple) and len(live) == len(saved)
-        lives = live if same else [None] * len(saved)
-        return type(saved)(_live_value(s, v) for s, v in zip(saved, lives))
-    return saved
-
-
 def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
     """Put a hyperparameter back; a live zero-dimensional tensor keeps its identity (a
     compiled or captured step holds it) and takes the value in place."""
@@ -146,15 +132,6 @@ def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
         group[key] = value
 
 
-def _torch_state(data: bytes, what: str, scratch: Callable[[torch.Tensor], None]) -> torch.Tensor:
-    state = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0)
-    try:
-        scratch(state)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise ConfigError(f"the saved {what} random state does not fit: {exc}") from None
-    return state
-
-
 @dataclass
 class Application:
     """A prepared restore of the training state: :meth:`apply` writes it into the live
@@ -168,18 +145,26 @@ class Application:
 
     def apply_scheduler(self) -> None:
         """Load the scheduler's state (first in the commit: the one step that calls user
-        code; on failure it is put back as it was, and nothing else has changed).
+        code). It is staged: everything the scheduler's ``load_state_dict`` could change
+        (the scheduler's attributes, its child schedulers, the optimizer's param group
+        dictionaries) is recorded first, and put back exactly, in place, if it raises — a
+        ``KeyboardInterrupt`` included; nothing else has changed by then.
 
         Raises:
             CheckpointError: the scheduler refused the state.
+            BaseException: what ``load_state_dict`` raised, if not an ``Exception``
+                (``KeyboardInterrupt``), after the rollback.
         """
         if self.scheduler is None:
             return
-        before = copy.deepcopy(self.scheduler.state_dict())
+        groups = [] if self.optimizer is None else self.optimizer.param_groups
+        before = Rollback([self.scheduler, groups, *groups])
         try:
             self.scheduler.load_state_dict(copy.deepcopy(self.scheduler_state))
-        except Exception as exc:  # user code: whatever it raises means "does not fit"
-            self.scheduler.load_state_dict(before)
+        except BaseException as exc:  # user code: put everything back, whatever it raised
+            before.restore()
+            if not isinstance(exc, Exception):
+                raise
             raise ConfigError(
                 f"the scheduler refused the saved state: {type(exc).__name__}: {exc}",
                 field="scheduler",
@@ -201,36 +186,16 @@ class Application:
 
 
 def _prepared_rng(saved: dict[str, Any] | None) -> dict[str, Any]:
+    """Every random state checked whole (:mod:`.rng_states`), in the form it is installed:
+    installing them in the commit cannot fail, nor corrupt a generator."""
     if saved is None:
         raise CheckpointError("the set holds no random states (rng=True asks for them)")
-    cpu = _torch_state(saved["torch"], "torch CPU", lambda s: torch.Generator().set_state(s))
-    cuda = []
-    if saved["cuda"]:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count != len(saved["cuda"]):
-            raise ConfigError(
-                f"the set holds the random states of {len(saved['cuda'])} CUDA devices, this"
-                f" process has {count}",
-                actual=count,
-                expected=len(saved["cuda"]),
-            )
-        for i, data in enumerate(saved["cuda"]):
-
-            def fits(s: torch.Tensor, i: int = i) -> None:
-                expected = torch.cuda.get_rng_state(i).numel()
-                if s.numel() != expected:
-                    raise ValueError(f"{s.numel()} bytes, CUDA device {i} has {expected}")
-
-            cuda.append(_torch_state(data, f"CUDA device {i}", fits))
-    try:
-        np.random.RandomState().set_state(saved["numpy"])
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:
-        raise ConfigError(f"the saved numpy random state does not fit: {exc}") from None
-    try:
-        random.Random().setstate(saved["random"])
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise ConfigError(f"the saved random module state does not fit: {exc}") from None
-    return {"torch": cpu, "cuda": cuda, "numpy": saved["numpy"], "random": saved["random"]}
+    return {
+        "torch": rng_states.cpu_state(saved["torch"]),
+        "cuda": rng_states.cuda_states(saved["cuda"]),
+        "numpy": rng_states.numpy_state(saved["numpy"]),
+        "random": check_random_state(saved["random"]),
+    }
 
 
 def prepare(
@@ -241,10 +206,15 @@ def prepare(
 ) -> Application:
     """Check the training state against the live objects; change nothing.
 
+    Param groups: the values the optimizer member holds must agree with the live ones, the
+    execution flags stay the live run's, and only keys the live group has are restored, in
+    the live value's form (:mod:`.param_group_values`).
+
     Raises:
         CheckpointError: a scheduler is given and the set has none; the set's param groups
-            do not match the optimizer's in number; ``rng`` and the random states do not
-            fit (the message says which).
+            do not match the optimizer's in number, or a group's value disagrees with the
+            optimizer (``ConfigError``, the group and key named); ``rng`` and a random state
+            that is malformed or does not fit (the field named).
     """
     if scheduler is not None and state.scheduler is None:
         raise CheckpointError("a scheduler was given, and the set holds no scheduler state")
@@ -263,8 +233,8 @@ def prepare(
                 expected=len(state.param_groups),
             )
         groups = [
-            {k: _live_value(v, live.get(k)) for k, v in saved.items()}
-            for saved, live in zip(state.param_groups, optimizer.param_groups)
+            restored_values(saved, live, i)
+            for i, (saved, live) in enumerate(zip(state.param_groups, optimizer.param_groups))
         ]
     return Application(
         groups=groups,
