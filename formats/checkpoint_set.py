@@ -31,6 +31,29 @@ document without that key, keys in the document's order. The manifest is what th
 are checked against, so a flipped byte in it (a tensor name, a version, the library) must be
 caught too.
 
+A *signed* set (saved with a key) has the same members and a manifest authenticated with it
+(:data:`SIGNED_MANIFEST_KEYS`)::
+
+    {"format": "tlckpt_checkpoint_set", "version": 1, "step": 1200,
+     "library": "tlckpt 0.1.0", "digest": "blake3_keyed", "key_id": "<16 hex digits>",
+     "members": {"model": {..., "digest": "<64 hex digits>"}, ...},
+     "state": [...], "world_size": 1,
+     "mac": "<64 hex digits>"}
+
+From the caller's 32-byte key ``K`` three values are derived with BLAKE3's key-derivation
+mode (``blake3(K, derive_key_context=context)``, 32 bytes each): the member key
+(:data:`MEMBER_KEY_CONTEXT`), the manifest key (:data:`MANIFEST_KEY_CONTEXT`) and the key id
+(:data:`KEY_ID_CONTEXT`, its first 8 bytes in hex: it names the key without revealing it).
+Each member's digest is BLAKE3 keyed with the member key over the file's bytes in order.
+``mac`` is BLAKE3 keyed with the manifest key over the manifest's exact bytes before
+:data:`MAC_SUFFIX_PREFIX` — everything but the MAC itself: the step, the library, the key id,
+every member's file, family, version, size and digest, the tensor names and shapes, the world
+size — and the manifest must end with ``,"mac":"<64 hex digits>"}``. A member is thus bound to
+its role and its set through the manifest: a member copied from another set signed with the
+same key has another digest, a manifest copied from another set another step (the folder
+``step-N`` must hold the manifest of step N). What a MAC cannot show is freshness: a whole
+older set put back in place of a newer one, or a set removed, is not detected.
+
 Training state::
 
     {"format": "tlckpt_training_state", "version": 1, "step": 1200,
@@ -67,7 +90,17 @@ __all__ = [
     "REQUIRED_MEMBERS",
     "DIGEST_ALGORITHM",
     "DIGEST_HEX_DIGITS",
+    "KEYED_DIGEST_ALGORITHM",
+    "KEYED_DIGEST_HEX_DIGITS",
+    "KEY_BYTES",
+    "KEY_ID_HEX_DIGITS",
+    "MEMBER_KEY_CONTEXT",
+    "MANIFEST_KEY_CONTEXT",
+    "KEY_ID_CONTEXT",
+    "MAC_FIELD",
+    "MAC_SUFFIX_PREFIX",
     "MANIFEST_KEYS",
+    "SIGNED_MANIFEST_KEYS",
     "MEMBER_KEYS",
     "TRAINING_STATE_KEYS",
     "RNG_KEYS",
@@ -141,6 +174,26 @@ REQUIRED_MEMBERS = ("model", "training_state")
 DIGEST_ALGORITHM = "xxh3_128"
 DIGEST_HEX_DIGITS = 32
 
+#: The digest of every member of a signed set: BLAKE3 in keyed mode (with the member key
+#: derived from the caller's key), 256 bits, written as 64 lowercase hex digits. A forged
+#: member cannot be given the digest of the original without the key.
+KEYED_DIGEST_ALGORITHM = "blake3_keyed"
+KEYED_DIGEST_HEX_DIGITS = 64
+#: The caller's key: 32 bytes (a key file holds them raw, or as 64 hex digits and an
+#: optional newline).
+KEY_BYTES = 32
+#: The key id a signed manifest records: 8 bytes derived from the key, in hex.
+KEY_ID_HEX_DIGITS = 16
+#: BLAKE3 key-derivation contexts (globally unique, fixed forever for this version): one
+#: key per use, so that a member's digest can never serve as a manifest's MAC.
+MEMBER_KEY_CONTEXT = "tlckpt 2026-12 checkpoint set member digest v1"
+MANIFEST_KEY_CONTEXT = "tlckpt 2026-12 checkpoint set manifest mac v1"
+KEY_ID_CONTEXT = "tlckpt 2026-12 checkpoint set key id v1"
+#: The signed manifest's last member, its MAC; the MAC covers the manifest's exact bytes
+#: before ``MAC_SUFFIX_PREFIX`` (the manifest ends with it, the MAC's hex digits and ``"}``).
+MAC_FIELD = "mac"
+MAC_SUFFIX_PREFIX = b',"mac":"'
+
 #: The manifest's members: each must be present, once.
 MANIFEST_KEYS = (
     "format",
@@ -152,6 +205,19 @@ MANIFEST_KEYS = (
     "state",
     "world_size",
     "self_digest",
+)
+#: A signed set's manifest: ``key_id`` added, ``mac`` (last) in place of ``self_digest``.
+SIGNED_MANIFEST_KEYS = (
+    "format",
+    "version",
+    "step",
+    "library",
+    "digest",
+    "key_id",
+    "members",
+    "state",
+    "world_size",
+    "mac",
 )
 #: A member's entry in the manifest.
 MEMBER_KEYS = ("file", "family", "version", "size", "digest")
