@@ -43,7 +43,7 @@ class SetKey:
         key_id: the key's id, 16 hex digits (names the key, reveals nothing of it).
     """
 
-    __slots__ = ("_member", "_manifest", "key_id")
+    __slots__ = ("_manifest", "_member", "key_id")
 
     def __init__(self, key: bytes):
         self._member = _derive(key, MEMBER_KEY_CONTEXT)
@@ -120,9 +120,7 @@ def read_key_file(path: str | os.PathLike) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(
-                "the key file is not a regular file", path=path, field="key file"
-            )
+            raise CheckpointError("the key file is not a regular file", path=path, field="key file")
         data = b""
         while len(data) <= _MAX_KEY_FILE_BYTES:
             chunk = os.read(fd, _MAX_KEY_FILE_BYTES + 1 - len(data))

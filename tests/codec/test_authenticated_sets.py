@@ -122,10 +122,12 @@ def test_large_writes_are_hashed_with_the_key_beside_the_write(tmp_path: Path) -
         verified.file("model").read()
         verified.finish_digests()
     _flip_last_byte(folder / "model.tlsf32")
-    with pytest.raises(IntegrityError) as caught:
-        with VerifiedSet.open(folder, streaming=True, key=KEY) as verified:
-            verified.file("model").read(1000)
-            verified.finish_digests()
+    with (
+        pytest.raises(IntegrityError) as caught,
+        VerifiedSet.open(folder, streaming=True, key=KEY) as verified,
+    ):
+        verified.file("model").read(1000)
+        verified.finish_digests()
     assert caught.value.check == "digest" and "edited without the key" in str(caught.value)
 
 
@@ -154,7 +156,7 @@ def test_a_member_edited_with_its_digests_recomputed_is_refused(tmp_path: Path) 
     # Turned into an unsigned set, xxh3_128 digests and self_digest recomputed: it verifies
     # without a key (anyone could have written it), and never with one.
     document = _manifest(folder)
-    for role, record in document["members"].items():
+    for record in document["members"].values():
         record["digest"] = xxhash.xxh3_128((folder / record["file"]).read_bytes()).hexdigest()
     document["digest"] = "xxh3_128"
     del document["key_id"], document["mac"]
