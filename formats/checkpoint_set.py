@@ -40,19 +40,11 @@ A *signed* set (saved with a key) has the same members and a manifest authentica
      "state": [...], "world_size": 1,
      "mac": "<64 hex digits>"}
 
-From the caller's 32-byte key ``K`` three values are derived with BLAKE3's key-derivation
-mode (``blake3(K, derive_key_context=context)``, 32 bytes each): the member key
-(:data:`MEMBER_KEY_CONTEXT`), the manifest key (:data:`MANIFEST_KEY_CONTEXT`) and the key id
-(:data:`KEY_ID_CONTEXT`, its first 8 bytes in hex: it names the key without revealing it).
-Each member's digest is BLAKE3 keyed with the member key over the file's bytes in order.
-``mac`` is BLAKE3 keyed with the manifest key over the manifest's exact bytes before
-:data:`MAC_SUFFIX_PREFIX` — everything but the MAC itself: the step, the library, the key id,
-every member's file, family, version, size and digest, the tensor names and shapes, the world
-size — and the manifest must end with ``,"mac":"<64 hex digits>"}``. A member is thus bound to
-its role and its set through the manifest: a member copied from another set signed with the
-same key has another digest, a manifest copied from another set another step (the folder
-``step-N`` must hold the manifest of step N). What a MAC cannot show is freshness: a whole
-older set put back in place of a newer one, or a set removed, is not detected.
+The member digests are BLAKE3 keyed with a member key derived from the caller's 32-byte key;
+``mac`` is BLAKE3 keyed with a manifest key over the manifest's exact bytes before
+:data:`MAC_SUFFIX_PREFIX` (everything but the MAC); ``key_id`` names the key without revealing
+it. The normative description — derivations, the order of the reader's checks, what the MAC
+binds and what it cannot show — is ``docs/format.md`` §6; the constants are here.
 
 Training state::
 
