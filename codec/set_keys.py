@@ -87,7 +87,7 @@ def as_key(key: Any) -> SetKey | None:
             actual=type(key).__name__,
             expected=f"{KEY_BYTES} bytes",
         )
-    data = bytes(memoryview(key).cast("B"))
+    data = memoryview(key).tobytes()  # its bytes in logical order, whatever its layout
     if len(data) != KEY_BYTES:
         raise CheckpointError(
             f"key must be {KEY_BYTES} bytes, got {len(data)}",

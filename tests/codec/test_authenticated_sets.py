@@ -267,6 +267,9 @@ def test_wrong_key_missing_key_and_unsigned_set(tmp_path: Path) -> None:
     assert caught.value.check == "signed"
     assert verify_checkpoint(signed, key=bytearray(KEY)).step == 1
     assert verify_checkpoint(signed, key=memoryview(KEY)).step == 1
+    assert verify_checkpoint(signed, key=memoryview(KEY).cast("B", (4, 8))).step == 1
+    doubled = bytes(b for b in KEY for _ in range(2))
+    assert verify_checkpoint(signed, key=memoryview(doubled)[::2]).step == 1  # strided
 
 
 def test_latest_with_a_key_passes_over_sets_that_do_not_authenticate(tmp_path: Path) -> None:
