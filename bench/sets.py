@@ -190,6 +190,11 @@ def _signed(folder: Path, model: torch.nn.Module, reps: int) -> None:
             one_round(label, key, k > 0)
     for op in ops:
         plain, signed = (statistics.median(times[op, label]) for label in keys)
+        # Each round's two calls ran back to back: the median of their ratios is the
+        # figure least moved by a load that drifts (a shared machine).
+        paired = statistics.median(
+            s / u for u, s in zip(times[op, "unsigned"], times[op, "signed"], strict=True)
+        )
         spread = "  ".join(
             f"{label} {min(times[op, label]) * 1e3:.0f}-{max(times[op, label]) * 1e3:.0f}"
             for label in keys
@@ -197,7 +202,7 @@ def _signed(folder: Path, model: torch.nn.Module, reps: int) -> None:
         goal = "  (goal <= 1.15)" if op == "save" else ""
         print(
             f"signed {op:<8} {signed * 1e3:8.1f} ms   unsigned {plain * 1e3:8.1f} ms"
-            f"   ratio {signed / plain:.2f}{goal}   min-max ms: {spread}"
+            f"   ratio {signed / plain:.2f}, paired {paired:.2f}{goal}   min-max ms: {spread}"
         )
 
 
