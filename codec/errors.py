@@ -163,8 +163,10 @@ class IntegrityError(CheckpointError):
 
     For a set loaded with a key it is also raised when the set does not authenticate:
     ``check`` is ``"mac"`` (the manifest was edited or damaged: its MAC differs), ``"key"``
-    (signed with another key: ``actual`` and ``expected`` are key ids) or ``"signed"`` (the
-    set is not signed, so nothing shows who wrote it).
+    (signed with another key: ``actual`` and ``expected`` are key ids), ``"signed"`` (the
+    set is not signed, so nothing shows who wrote it) or ``"step"`` (a signed manifest in
+    another step's folder: copied there). :class:`KeyRequiredError` is the one raised for a
+    signed set read without a key.
     """
 
     def __init__(self, message: str, *, check: str | None = None, **kwargs: Any):

@@ -126,10 +126,10 @@ GAP_BYTES = 64 << 10
 
 
 class DigestingReader:
-    """A read-only view of an open member file that hashes its bytes as a load reads them.
+    """A read-only view of an open member file that hashes its bytes as a load reads them
+    (:func:`~.set_keys.member_hash` of ``key``: keyed BLAKE3 for a signed set).
 
-    The digest is of the file's bytes in order (:func:`~.set_keys.member_hash` of ``key``). A
-    read that starts inside, at, or just past
+    The digest is of the file's bytes in order. A read that starts inside, at, or just past
     (:data:`GAP_BYTES`) the prefix hashed so far extends it with the very bytes the caller
     receives — hashed before they are handed over, so what was loaded is what was hashed.
     Bytes the caller never reads, or reads out of order, are hashed by :meth:`finish` (one
