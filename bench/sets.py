@@ -18,6 +18,10 @@ twice that again), the median of ``--reps`` runs of:
 * a training loop's steps per second while a background save of the model and its
   optimizer proceeds, against the same loop idle between the saves (medians) — goal ≥ 80%;
   and a pure-Python loop's iterations per second in the same two situations;
+* signed against unsigned sets (``key=``: members digested with keyed BLAKE3 while they are
+  written, the manifest MAC'd) of the ``--mib`` MiB model alone: a blocking
+  ``save_checkpoint``, ``verify_checkpoint`` and ``load_checkpoint``, repetitions
+  alternating, ``os.sync()`` before each — save goal ≤ 1.15x;
 * the GIL probe: the pure-Python loop idle, while the writer runs as this process's thread
   (at its lowered priority), and while the same saves run in another process (at normal
   priority). A writer thread that held the GIL would cost the loop more than the process
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,8 +141,8 @@ def _digests(folder: Path, model, opt, reps: int) -> None:
     writer = checkpoint_set.DigestingWriter
     real_init = writer.__init__
 
-    def without_digest(self, file) -> None:  # the members' digests only: the manifest's stays
-        real_init(self, file)
+    def without_digest(self, file, key=None) -> None:  # the members' digests only
+        real_init(self, file, key)
         self.hash = _NoDigest()
 
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -156,6 +161,49 @@ def _digests(folder: Path, model, opt, reps: int) -> None:
         f"save         digests {with_digest * 1e3:8.1f} ms   no digests"
         f" {without * 1e3:8.1f} ms   ratio {with_digest / without:.2f}  (goal <= 1.1)"
     )
+
+
+def _signed(folder: Path, model: torch.nn.Module, reps: int) -> None:
+    """Signed against unsigned: save, verify and restore of the model alone, alternating."""
+    folder.mkdir()
+    keys = {"unsigned": None, "signed": os.urandom(32)}
+    ops = ("save", "verify", "restore")
+    times: dict[tuple[str, str], list[float]] = {(op, label): [] for op in ops for label in keys}
+
+    def one_round(label: str, key: bytes | None, timed: bool) -> None:
+        target = folder / label
+        shutil.rmtree(target, ignore_errors=True)  # untimed: the save needs a new folder
+        calls = {
+            "save": lambda: tlckpt.save_checkpoint(target, model=model, key=key),
+            "verify": lambda: tlckpt.verify_checkpoint(target, key=key),
+            "restore": lambda: tlckpt.load_checkpoint(target, model=model, key=key),
+        }
+        for op, call in calls.items():
+            os.sync()  # the previous call's dirty pages are not this one's to write
+            start = time.perf_counter()
+            call()
+            if timed:  # the first round warms the page cache and the allocator
+                times[op, label].append(time.perf_counter() - start)
+
+    for k in range(reps + 1):
+        for label, key in keys.items():
+            one_round(label, key, k > 0)
+    for op in ops:
+        plain, signed = (statistics.median(times[op, label]) for label in keys)
+        # Each round's two calls ran back to back: the median of their ratios is the
+        # figure least moved by a load that drifts (a shared machine).
+        paired = statistics.median(
+            s / u for u, s in zip(times[op, "unsigned"], times[op, "signed"], strict=True)
+        )
+        spread = "  ".join(
+            f"{label} {min(times[op, label]) * 1e3:.0f}-{max(times[op, label]) * 1e3:.0f}"
+            for label in keys
+        )
+        goal = "  (goal <= 1.15)" if op == "save" else ""
+        print(
+            f"signed {op:<8} {signed * 1e3:8.1f} ms   unsigned {plain * 1e3:8.1f} ms"
+            f"   ratio {signed / plain:.2f}, paired {paired:.2f}{goal}   min-max ms: {spread}"
+        )
 
 
 def _background_call(folder: Path, model, reps: int, mib: int) -> None:
@@ -298,7 +346,9 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
-    parser.add_argument("--only", choices=("restore", "digests", "background", "contention", "gil"))
+    parser.add_argument(
+        "--only", choices=("restore", "digests", "signed", "background", "contention", "gil")
+    )
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -314,6 +364,8 @@ def main() -> None:
             _restore(root / "restore", model, opt, args.reps)
         if args.only in (None, "digests"):
             _digests(root / "digests", model, opt, args.reps)
+        if args.only in (None, "signed"):
+            _signed(root / "signed", model, args.reps)
         if args.only in (None, "background"):
             _background_call(root / "background", model, args.reps, args.mib)
         if args.only in (None, "contention"):

@@ -7,8 +7,8 @@ Commands (no command at all runs ``demo``)::
     tlckpt convert SRC DST [--to FORMAT] [--dtype ENCODING] [--names-from FILE] [--compact]
                    [--max-json-bytes SIZE]
     tlckpt demo [--codec] [--keep DIR]
-    tlckpt ls DIR
-    tlckpt verify PATH
+    tlckpt ls DIR [--key-file FILE]
+    tlckpt verify PATH [--key-file FILE]
 
 Exit status: 0 success; 1 the file was rejected or the command failed (one line on stderr
 naming the error class, the file, the byte offset or field, and the file vs expected values —
@@ -25,7 +25,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from ..codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect
+from ..codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect, read_key_file
 from ..formats.state_bits import ENCODINGS, encoding_by_name
 from ..optional import MissingDependencyError, require
 from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
@@ -146,14 +146,27 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _key(args: argparse.Namespace) -> bytes | None:
+    """The key of ``--key-file`` (``None`` without it); a file that is not a key is a usage
+    error. The key's bytes are never printed."""
+    if args.key_file is None:
+        return None
+    try:
+        return read_key_file(args.key_file)
+    except (CheckpointError, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise _UsageError(f"--key-file {args.key_file}: {_one_line(reason)}") from None
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
-    print(list_sets(args.dir))
+    print(list_sets(args.dir, key=_key(args)))
     return EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    key = _key(args)
     try:
-        print(verify_set(args.path))
+        print(verify_set(args.path, key=key))
     except CheckpointError as exc:
         raise exc.with_path(args.path) from None
     return EXIT_OK
@@ -180,6 +193,16 @@ def _max_json_option(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="refuse an exact-bits JSON file larger than this before reading it, where no"
         " destination bounds the read (default: 4G; K, M, G, T are powers of 2)",
+    )
+
+
+def _key_file_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="the key signed sets were saved with: a file of 32 raw bytes, or 64 hex digits"
+        " and an optional newline; only sets signed with it verify (without it, signed sets"
+        " do not: they cannot be authenticated)",
     )
 
 
@@ -280,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", action="store_true", help="the numpy-only codec demo instead")
     p.add_argument("--keep", metavar="DIR", help="write the files to DIR and keep them")
 
-    _command(
+    p = _command(
         sub,
         "ls",
         _cmd_ls,
@@ -290,15 +313,19 @@ def build_parser() -> argparse.ArgumentParser:
         " the member and the check that failed); count leftovers of interrupted saves.",
         [("dir", "the directory of a CheckpointManager")],
     )
-    _command(
+    _key_file_option(p)
+    p = _command(
         sub,
         "verify",
         _cmd_verify,
         "exit 0 if a checkpoint set verifies completely, 1 if not",
         "Check one checkpoint set: its manifest, every member's presence, size and xxh3_128"
-        " digest, the training-state document, and every member's structure.",
+        " digest, the training-state document, and every member's structure. With"
+        " --key-file: the set must be signed with that key (its manifest's MAC, every"
+        " member's keyed BLAKE3 digest).",
         [("path", "a checkpoint set folder")],
     )
+    _key_file_option(p)
     return parser
 
 

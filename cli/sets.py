@@ -4,17 +4,21 @@
 ``ls`` lists every set folder of a directory, oldest first: its step, its size (the members'
 bytes, manifest included), and whether it verifies — or why not (the member and the check);
 leftovers of killed saves are counted. ``verify`` checks one set completely
-(:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`).
+(:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`). With a key (``--key-file``) both
+accept only sets signed with it; without one, a signed set is reported as one that cannot be
+authenticated.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ..codec.atomic import is_library_temporary
 from ..codec.checkpoint_set import candidate_steps, set_path, verify_checkpoint
 from ..codec.errors import CheckpointError
+from ..codec.set_keys import as_key
 from ..formats.checkpoint_set import MANIFEST_FILE
 from .describe import table
 
@@ -41,21 +45,25 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def list_sets(directory: str | os.PathLike) -> str:
-    """The table ``tlckpt ls`` prints.
+def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
+    """The table ``tlckpt ls`` prints (``key``: the 32 bytes signed sets must be signed
+    with, else ``None``).
 
     Raises:
+        CheckpointError: ``key`` is not 32 bytes.
         OSError: the directory cannot be listed.
     """
     directory = Path(directory)
+    key = as_key(key)
     names = os.listdir(directory)  # raises for a missing directory
     rows = []
     for step in candidate_steps(directory):
         folder = set_path(directory, step)
         try:
-            manifest = verify_checkpoint(folder)
+            manifest = verify_checkpoint(folder, key=key)
             members = ", ".join(sorted(m.file for m in manifest.members.values()))
-            verdict = f"verified ({members})"
+            signed = "" if manifest.key_id is None else f", signed, key id {manifest.key_id}"
+            verdict = f"verified ({members}{signed})"
         except (CheckpointError, OSError) as exc:
             kind = type(exc).__name__
             check = getattr(exc, "check", None)
@@ -71,20 +79,23 @@ def list_sets(directory: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-def verify_set(path: str | os.PathLike) -> str:
-    """The line ``tlckpt verify`` prints for a set that verifies.
+def verify_set(path: str | os.PathLike, key: Any = None) -> str:
+    """The line ``tlckpt verify`` prints for a set that verifies (with ``key``: that is
+    signed with it).
 
     Raises:
-        CheckpointError: it does not (the member and the check named).
+        KeyRequiredError: the set is signed and ``key`` is ``None``.
+        CheckpointError: it does not verify (the member and the check named).
         OSError: from the file system.
     """
-    manifest = verify_checkpoint(path)
+    manifest = verify_checkpoint(path, key=key)
     total = sum(m.size for m in manifest.members.values())
     total += (Path(path) / MANIFEST_FILE).stat().st_size
     members = ", ".join(
         f"{m.file} ({m.family} v{m.version}, {_human(m.size)})" for m in manifest.members.values()
     )
+    signed = "" if manifest.key_id is None else f"; signed, key id {manifest.key_id}"
     return (
         f"{path}: ok (step {manifest.step}, {len(manifest.state)} state tensors,"
-        f" {_human(total)}; {members}; written by {manifest.library})"
+        f" {_human(total)}; {members}; written by {manifest.library}{signed})"
     )

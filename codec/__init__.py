@@ -16,6 +16,7 @@ from .errors import (
     FileChangedError,
     FileTooLargeError,
     IntegrityError,
+    KeyRequiredError,
     MalformedError,
     PartialLoadError,
     SchemaMismatchError,
@@ -34,6 +35,7 @@ from .float32_state import (
 from .inspection import inspect, sniff_family
 from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
 from .schema import ParameterSchema
+from .set_keys import read_key_file
 from .state_bits import DEFAULT_MAX_JSON_BYTES, read_state_bits, write_state_bits
 from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
 from .tlckpt_optimizer_writer import write_optimizer_state
@@ -50,6 +52,7 @@ __all__ = [
     "FileChangedError",
     "FileTooLargeError",
     "IntegrityError",
+    "KeyRequiredError",
     "MalformedError",
     "MomentDtype",
     "OptimizerCheckpoint",
@@ -70,6 +73,7 @@ __all__ = [
     "is_float32_state",
     "is_temporary",
     "read_adam",
+    "read_key_file",
     "read_float32_state",
     "read_optimizer_state",
     "read_state_bits",

@@ -16,7 +16,10 @@ Commit protocol of a set (:class:`SetWriter`), the folder-level twin of
    parent ``fsync``\\ ed so that the rename survives a power cut.
 
 A folder named ``step-…`` whose manifest parses is *committed*; it *verifies* when every
-member is present with the size and digest the manifest records. Removing a set renames it
+member is present with the size and digest the manifest records. A set saved with a key is
+*signed* (members digested with keyed BLAKE3, the manifest authenticated by a MAC: see
+:mod:`tlckpt.formats.checkpoint_set`); it verifies only with its key, and with a key only a
+signed set verifies. Removing a set renames it
 to a temporary name first, so that a removal killed midway leaves a leftover, never a
 damaged committed set.
 """
@@ -24,6 +27,7 @@ damaged committed set.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import warnings
 from collections.abc import Iterator
@@ -52,9 +56,11 @@ from .set_folders import (
     committed_steps,
     library_name,
     read_manifest,
+    read_manifest_bytes,
     retention_victims,
     set_path,
 )
+from .set_keys import as_key
 from .source import FileStamp
 
 __all__ = [
@@ -86,7 +92,9 @@ class SkippedCheckpointWarning(UserWarning):
     set, the member and the check that failed."""
 
 
-def _compare(role: str, path: Path, record: MemberRecord, digest: str, length: int) -> None:
+def _compare(
+    role: str, path: Path, record: MemberRecord, digest: str, length: int, signed: bool = False
+) -> None:
     """Compare a member's digest and length (as hashed) with the manifest's.
 
     Raises:
@@ -100,10 +108,12 @@ def _compare(role: str, path: Path, record: MemberRecord, digest: str, length: i
             actual=length,
             expected=record.size,
         )
-    if digest != record.digest:
+    # In constant time: a keyed digest must not be learnt byte by byte from timings.
+    if not hmac.compare_digest(digest, record.digest):
+        how = "damaged, or edited without the key" if signed else "damaged"
         raise IntegrityError(
             f"member {role} ({record.file}): digest {digest} differs from the manifest's"
-            f" {record.digest} (the file's bytes are damaged)",
+            f" {record.digest} (the file's bytes are {how})",
             check="digest",
             path=path,
             field=f"members.{role}",
@@ -146,22 +156,36 @@ class VerifiedSet:
     folder: Path
     manifest: Manifest
     members: dict[str, _Opened] = field(default_factory=dict)
+    #: The manifest's bytes as parsed (and, for a signed set, authenticated).
+    manifest_bytes: bytes = b""
+    key: Any = None
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, folder: str | os.PathLike, *, streaming: bool = False) -> Iterator[VerifiedSet]:
+    def open(
+        cls, folder: str | os.PathLike, *, streaming: bool = False, key: Any = None
+    ) -> Iterator[VerifiedSet]:
         """Open every member of the set in ``folder`` and verify it (the large ones while
         they are read, with ``streaming``; see the class docstring).
 
+        Args:
+            folder: the set's folder.
+            streaming: hash the large members while the caller reads them.
+            key: the 32-byte key the set must be signed with (or a
+                :class:`~.set_keys.SetKey`); ``None``: the set must be unsigned.
+
         Raises:
+            KeyRequiredError: the set is signed and ``key`` is ``None``.
             IntegrityError: a member is missing, or its size or digest differs (the message
-                names the member and the check).
-            CheckpointError: the manifest is missing or malformed.
+                names the member and the check); the set does not authenticate with ``key``
+                (or is not signed).
+            CheckpointError: the manifest is missing or malformed; ``key`` is not 32 bytes.
             OSError: from the file system.
         """
         folder = Path(folder)
-        manifest = read_manifest(folder)
-        verified = cls(folder, manifest)
+        key = as_key(key)
+        manifest, data = read_manifest_bytes(folder, key)
+        verified = cls(folder, manifest, manifest_bytes=data, key=key)
         with contextlib.ExitStack() as stack:
             for role, record in manifest.members.items():
                 path = folder / record.file
@@ -188,13 +212,16 @@ class VerifiedSet:
                 verified.members[role] = _Opened(record, path, f, stamp)
             for role, opened in verified.members.items():
                 if streaming and role != "training_state" and opened.record.size > _INLINE_BYTES:
-                    opened.reader = DigestingReader(opened.file, getattr(opened.file, "name", None))
+                    opened.reader = DigestingReader(
+                        opened.file, getattr(opened.file, "name", None), key
+                    )
                 else:
                     _compare(
                         role,
                         opened.path,
                         opened.record,
-                        *hash_file(opened.file, opened.record.size),
+                        *hash_file(opened.file, opened.record.size, key),
+                        key is not None,
                     )
             yield verified
 
@@ -208,7 +235,9 @@ class VerifiedSet:
         """
         for role, opened in self.members.items():
             if opened.reader is not None:
-                _compare(role, opened.path, opened.record, *opened.reader.finish())
+                _compare(
+                    role, opened.path, opened.record, *opened.reader.finish(), self.key is not None
+                )
 
     def file(self, role: str) -> BinaryIO:
         """The verified member's open handle (its digesting reader when streamed), at its
@@ -255,23 +284,30 @@ class VerifiedSet:
 
 
 @names_the_file()
-def verify_checkpoint(path: str | os.PathLike) -> Manifest:
+def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
     """Check a checkpoint set completely, without torch.
 
     The manifest is parsed and checked; every member must be present with the size and
     ``xxh3_128`` digest it records; the training-state document must parse and be of the
     set's step; the model and optimizer members must be well-formed files of their family
     (read through, payloads skipped) and the model's tensor shapes those of the manifest.
+    With ``key``, the set must be signed with it: the manifest's MAC is checked first, and
+    the members' digests are keyed BLAKE3.
 
     Args:
         path: the set's folder.
+        key: the 32-byte key a signed set was saved with; ``None`` for an unsigned set.
 
     Returns:
         The set's manifest.
 
     Raises:
+        KeyRequiredError: the set is signed and no key was given (it cannot be
+            authenticated without it).
         IntegrityError: a member is missing, or its size or digest differs from the
-            manifest's (the message names the member and the check).
+            manifest's (the message names the member and the check); with ``key``: the set
+            is signed with another key, its manifest was edited (``check="mac"``), or it is
+            not signed.
         CheckpointError: the manifest, the training state or a member is malformed (the
             subclass and message say which and how).
         OSError: from the file system.
@@ -279,7 +315,7 @@ def verify_checkpoint(path: str | os.PathLike) -> Manifest:
     Example:
         >>> verify_checkpoint("checkpoints/step-00000000000000001200")  # doctest: +SKIP
     """
-    with VerifiedSet.open(path) as verified:
+    with VerifiedSet.open(path, key=key) as verified:
         verified.training_state()
         for role in ("model", "optimizer"):
             if role not in verified.manifest.members:
@@ -310,15 +346,22 @@ def verify_checkpoint(path: str | os.PathLike) -> Manifest:
         return verified.manifest
 
 
-def latest_verified(directory: str | os.PathLike, *, warn: bool = True) -> int | None:
-    """The newest committed set in ``directory`` that verifies, or ``None``.
+def latest_verified(
+    directory: str | os.PathLike, *, warn: bool = True, key: Any = None
+) -> int | None:
+    """The newest committed set in ``directory`` that verifies (with ``key``: that is signed
+    with it), or ``None``.
 
     Every set passed over on the way is named in a :class:`SkippedCheckpointWarning` (with
     the member and the check), when ``warn``.
+
+    Raises:
+        CheckpointError: ``key`` is not 32 bytes.
     """
+    key = as_key(key)
     for step in reversed(candidate_steps(directory)):
         try:
-            with VerifiedSet.open(set_path(directory, step)) as verified:
+            with VerifiedSet.open(set_path(directory, step), key=key) as verified:
                 verified.training_state()
             return step
         except (CheckpointError, OSError) as exc:

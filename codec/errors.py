@@ -32,6 +32,7 @@ __all__ = [
     "FileChangedError",
     "PartialLoadError",
     "IntegrityError",
+    "KeyRequiredError",
     "ERROR_OF_CATEGORY",
     "error_for_category",
     "differs",
@@ -159,11 +160,23 @@ class IntegrityError(CheckpointError):
     ``field`` names the member (``members.model``); ``check`` says which check failed
     (``"present"``, ``"size"`` or ``"digest"``; ``"manifest digest"`` when the manifest's own
     digest differs); ``actual`` and ``expected`` are the values.
+
+    For a set loaded with a key it is also raised when the set does not authenticate:
+    ``check`` is ``"mac"`` (the manifest was edited or damaged: its MAC differs), ``"key"``
+    (signed with another key: ``actual`` and ``expected`` are key ids), ``"signed"`` (the
+    set is not signed, so nothing shows who wrote it) or ``"step"`` (a signed manifest in
+    another step's folder: copied there). :class:`KeyRequiredError` is the one raised for a
+    signed set read without a key.
     """
 
     def __init__(self, message: str, *, check: str | None = None, **kwargs: Any):
         self.check = check
         super().__init__(message, **kwargs)
+
+
+class KeyRequiredError(IntegrityError):
+    """The set is signed and no key was given: it cannot be authenticated without its key,
+    so it is refused (``check`` is ``"key required"``, ``actual`` the key id it records)."""
 
 
 #: What each kind of broken rule raises: the categories of the spec checks

@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..formats.checkpoint_set import MANIFEST_FILE, folder_name
 from .atomic import (
@@ -30,6 +31,7 @@ from .families import head_family
 from .set_digests import DigestingWriter
 from .set_documents import MemberRecord, build_manifest
 from .set_folders import check_step, library_name
+from .set_keys import as_key
 
 __all__ = ["SetWriter", "remove_set", "clean_leftovers", "is_retired"]
 
@@ -99,9 +101,12 @@ class SetWriter:
             never followed or removed).
         durable: ``fsync`` files and folders (default); ``False`` keeps atomicity against a
             crash of this process, not against a power cut.
+        key: sign the set with this 32-byte key (members digested with keyed BLAKE3 as
+            they stream, the manifest authenticated); ``None``: unsigned (``xxh3_128``).
 
     Raises:
         FileExistsError: ``path`` exists already and ``overwrite`` is false.
+        CheckpointError: ``key`` is not 32 bytes.
         OSError: from the file system.
     """
 
@@ -112,7 +117,9 @@ class SetWriter:
         *,
         overwrite: bool = False,
         durable: bool = True,
+        key: Any = None,
     ):
+        self.key = as_key(key)
         self.final = os.path.abspath(os.fspath(path))
         self.directory, self.name = os.path.split(self.final)
         self.step = check_step(step)
@@ -152,7 +159,7 @@ class SetWriter:
             0o666,
         )
         with os.fdopen(fd, "wb") as f:
-            writer = DigestingWriter(f)
+            writer = DigestingWriter(f, self.key)
             yield writer
             f.flush()
             if self.durable:
@@ -203,7 +210,9 @@ class SetWriter:
             OSError: from the file system; nothing is committed (an error after the new set
                 is in place — the folder's ``fsync`` — leaves it committed).
         """
-        data = build_manifest(self.step, library_name(), self.records(), state, world_size)
+        data = build_manifest(
+            self.step, library_name(), self.records(), state, world_size, self.key
+        )
         with self._file(MANIFEST_FILE) as f:
             f.write(data)
         if self.durable:

@@ -1,6 +1,8 @@
 """Digests of checkpoint-set members as their bytes stream: :class:`DigestingWriter` (size
-and ``xxh3_128`` digest of what a save writes, one pass) and :class:`DigestingReader` (the
-digest of what a load reads, the rest hashed once at the end).
+and digest of what a save writes, one pass) and :class:`DigestingReader` (the digest of what a
+load reads, the rest hashed once at the end). The digest is ``xxh3_128`` for an unsigned set,
+BLAKE3 keyed with the set's member key for a signed one (``key``, a
+:class:`~.set_keys.SetKey`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-import xxhash
-
 from .families import HEAD_BYTES
+from .set_keys import SetKey, member_hash
 
 __all__ = [
     "HASH_CHUNK",
@@ -46,7 +47,8 @@ def _digest_thread() -> ThreadPoolExecutor:
 class DigestingWriter:
     """A binary file object that hashes and counts every byte on its way to ``file``.
 
-    The digest is of the bytes in the order written (``xxh3_128``); one pass over the data,
+    The digest is of the bytes in the order written (``xxh3_128``, or the keyed BLAKE3 of
+    ``key``: :func:`~.set_keys.member_hash`); one pass over the data,
     never a second one over the file. A large buffer is hashed by a worker thread while this
     thread writes it (both release the GIL), and :meth:`write` returns once both are done,
     so the caller may reuse its buffer at once and updates stay in order. The first
@@ -54,9 +56,9 @@ class DigestingWriter:
     writer that needs it fails (``AttributeError``) rather than digest bytes out of order.
     """
 
-    def __init__(self, file: BinaryIO):
+    def __init__(self, file: BinaryIO, key: SetKey | None = None):
         self.file = file
-        self.hash = xxhash.xxh3_128()
+        self.hash = member_hash(key)
         self.size = 0
         self.head = bytearray()
 
@@ -106,9 +108,10 @@ def _hash_range(fd: int, h: Any, start: int, stop: int, buffer: bytearray) -> in
     return pos
 
 
-def hash_file(file: BinaryIO, size_hint: int) -> tuple[str, int]:
-    """The digest and length of ``file``'s bytes from the start (one sequential pass)."""
-    h = xxhash.xxh3_128()
+def hash_file(file: BinaryIO, size_hint: int, key: SetKey | None = None) -> tuple[str, int]:
+    """The digest (:func:`~.set_keys.member_hash` of ``key``) and length of ``file``'s bytes
+    from the start (one sequential pass)."""
+    h = member_hash(key)
     buffer = bytearray(min(HASH_CHUNK, max(size_hint, 1)))
     # Past the size hint, on to the end: a file that grew shows in the length.
     length = _hash_range(file.fileno(), h, 0, 2**63 - 1, buffer)
@@ -123,7 +126,8 @@ GAP_BYTES = 64 << 10
 
 
 class DigestingReader:
-    """A read-only view of an open member file that hashes its bytes as a load reads them.
+    """A read-only view of an open member file that hashes its bytes as a load reads them
+    (:func:`~.set_keys.member_hash` of ``key``: keyed BLAKE3 for a signed set).
 
     The digest is of the file's bytes in order. A read that starts inside, at, or just past
     (:data:`GAP_BYTES`) the prefix hashed so far extends it with the very bytes the caller
@@ -137,10 +141,10 @@ class DigestingReader:
     :meth:`finish` like any unread ones.
     """
 
-    def __init__(self, file: BinaryIO, name: Any = None):
+    def __init__(self, file: BinaryIO, name: Any = None, key: SetKey | None = None):
         self.file = file
         self.name = name
-        self.hash = xxhash.xxh3_128()
+        self.hash = member_hash(key)
         self.hashed = 0  # bytes [0, hashed) went into the hash
         self.pos = file.seek(0)
 

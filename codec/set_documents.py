@@ -11,6 +11,7 @@ The documents' shapes are declared in :mod:`tlckpt.formats.checkpoint_set`.
 
 from __future__ import annotations
 
+import hmac
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ from ..formats import checkpoint_set as layout
 from ..formats.checkpoint_set import (
     DIGEST_ALGORITHM,
     DIGEST_HEX_DIGITS,
+    KEY_ID_HEX_DIGITS,
+    KEYED_DIGEST_ALGORITHM,
+    KEYED_DIGEST_HEX_DIGITS,
+    MAC_FIELD,
+    MAC_SUFFIX_PREFIX,
     MANIFEST_KEYS,
     MEMBER_FILES,
     MEMBER_KEYS,
@@ -31,6 +37,7 @@ from ..formats.checkpoint_set import (
     RNG_KEYS,
     SET_FORMAT,
     SET_VERSION,
+    SIGNED_MANIFEST_KEYS,
     STEP_MAX,
     TRAINING_STATE_FORMAT,
     TRAINING_STATE_KEYS,
@@ -40,6 +47,7 @@ from ..formats.primitives import U64_MAX
 from .errors import (
     CheckpointError,
     IntegrityError,
+    KeyRequiredError,
     MalformedError,
 )
 from .exact_values import decode_value, encode_value
@@ -52,6 +60,7 @@ from .set_document_checks import (
     short,
     string_field,
 )
+from .set_keys import SetKey
 
 __all__ = [
     "MemberRecord",
@@ -74,7 +83,8 @@ class MemberRecord:
         family: the checkpoint family of its bytes (``"float32_state"``, ``"adam"``, ...).
         version: the family's version (``1`` for the documents of the set).
         size: its size in bytes.
-        digest: the ``xxh3_128`` digest of its bytes, 32 lowercase hex digits.
+        digest: the digest of its bytes: ``xxh3_128``, 32 lowercase hex digits; in a signed
+            set BLAKE3 keyed, 64.
     """
 
     file: str
@@ -95,6 +105,8 @@ class Manifest:
             ``optimizer`` when the set has one).
         state: the model's state tensors, ``(name, shape)`` in file order.
         world_size: the number of processes that saved it (1 unless sharded).
+        key_id: the id of the key a signed set was signed with (16 hex digits), ``None`` for
+            an unsigned set.
     """
 
     step: int
@@ -102,6 +114,7 @@ class Manifest:
     members: dict[str, MemberRecord]
     state: tuple[tuple[str, tuple[int, ...]], ...]
     world_size: int
+    key_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,10 +144,23 @@ class TrainingState:
 
 #: A member's digest and family name, as the manifest spells them.
 _HEX = re.compile(rf"[0-9a-f]{{{DIGEST_HEX_DIGITS}}}")
+_KEYED_HEX = re.compile(rf"[0-9a-f]{{{KEYED_DIGEST_HEX_DIGITS}}}")
+_KEY_ID = re.compile(rf"[0-9a-f]{{{KEY_ID_HEX_DIGITS}}}")
 _FAMILY = re.compile(rf"[a-z][a-z0-9_]{{0,{layout.LIMITS.family_bytes - 1}}}")
 
 
-def _member(role: str, entry: Any) -> MemberRecord:
+def _hex_field(value: Any, pattern: re.Pattern[str], field: str) -> str:
+    if type(value) is not str or not pattern.fullmatch(value):
+        digits = pattern.pattern.rpartition("{")[2].rstrip("}")
+        raise MalformedError(
+            f"{field} must be {digits} lowercase hex digits, got {short(value)}",
+            field=field,
+            actual=short(value),
+        )
+    return value
+
+
+def _member(role: str, entry: Any, digest_pattern: re.Pattern[str] = _HEX) -> MemberRecord:
     field = f"members.{role}"
     if type(entry) is not dict:
         raise MalformedError(f"{field} must be an object", field=field)
@@ -151,13 +177,7 @@ def _member(role: str, entry: Any) -> MemberRecord:
     family = string_field(entry["family"], f"{field}.family", layout.LIMITS.family_bytes)
     if not _FAMILY.fullmatch(family):
         raise MalformedError(f"{field}.family is not a family name: {short(family)}")
-    digest = entry["digest"]
-    if type(digest) is not str or not _HEX.fullmatch(digest):
-        raise MalformedError(
-            f"{field}.digest must be {DIGEST_HEX_DIGITS} lowercase hex digits",
-            field=f"{field}.digest",
-            actual=short(digest),
-        )
+    digest = _hex_field(entry["digest"], digest_pattern, f"{field}.digest")
     return MemberRecord(
         file=file,
         family=family,
@@ -184,8 +204,17 @@ def _state(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple(out)
 
 
-def parse_manifest(data: bytes, limit: int) -> Manifest:
+def parse_manifest(
+    data: bytes, limit: int, key: SetKey | None = None, *, authenticate: bool = True
+) -> Manifest:
     """The checked manifest in ``data``.
+
+    Args:
+        data: the manifest's bytes.
+        limit: the most bytes it may have.
+        key: the key the set must be signed with; ``None``: the set must be unsigned.
+        authenticate: ``False`` checks a signed manifest's structure only, not its MAC nor
+            its key (to list sets; never to trust one).
 
     Raises:
         FileTooLargeError: more than ``limit`` bytes.
@@ -194,17 +223,39 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
         MalformedError: not JSON, a key twice, a missing, unknown or ill-typed field, a
             member missing or named wrongly, an unknown digest algorithm.
         IntegrityError: the manifest's own digest (``self_digest``) differs: it is damaged
-            (``check="manifest digest"``).
+            (``check="manifest digest"``); with ``authenticate``: the set is signed with
+            another key (``"key"``), its MAC differs (``"mac"``: edited without the key, or
+            damaged), or ``key`` was given and the set is not signed (``"signed"``).
+        KeyRequiredError: with ``authenticate``, the set is signed and ``key`` is ``None``.
     """
     document = parse_json_document(data, "manifest", limit)
     check_format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
-    exact_keys(document, MANIFEST_KEYS, "manifest")
-    if document["digest"] != DIGEST_ALGORITHM:
+    signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
+    key_id = None
+    if signed:
+        # Authenticated before any other field is read: an edited manifest is refused as
+        # such (IntegrityError), whatever the edit made of its fields.
+        key_id = _hex_field(document.get("key_id"), _KEY_ID, "key_id")
+        mac = _hex_field(document.get(MAC_FIELD), _KEYED_HEX, MAC_FIELD)
+        if authenticate:
+            _authenticate(data, document, key_id, mac, key)
+    exact_keys(document, SIGNED_MANIFEST_KEYS if signed else MANIFEST_KEYS, "manifest")
+    if document["digest"] not in (DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM):
         raise MalformedError(
-            f"digest algorithm {short(document['digest'])} is not known; known: {DIGEST_ALGORITHM}",
+            f"digest algorithm {short(document['digest'])} is not known; known:"
+            f" {DIGEST_ALGORITHM}, {KEYED_DIGEST_ALGORITHM}",
             field="digest",
             actual=short(document["digest"]),
-            expected=DIGEST_ALGORITHM,
+            expected=[DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM],
+        )
+    if not signed and authenticate and key is not None:
+        raise IntegrityError(
+            f"the set is not signed (its digests are {DIGEST_ALGORITHM}, which anyone can"
+            " recompute), and a key was given: it cannot be authenticated",
+            check="signed",
+            field="digest",
+            actual=DIGEST_ALGORITHM,
+            expected=KEYED_DIGEST_ALGORITHM,
         )
     members = document["members"]
     if type(members) is not dict:
@@ -218,20 +269,22 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
             actual=sorted(members)[:8],
             expected=list(MEMBER_ROLES),
         )
+    digest_pattern = _KEYED_HEX if signed else _HEX
     manifest = Manifest(
         step=integer_field(document["step"], "step", 0, STEP_MAX),
         library=string_field(document["library"], "library", layout.LIMITS.library_bytes),
-        members={role: _member(role, members[role]) for role in MEMBER_ROLES if role in members},
+        members={
+            role: _member(role, members[role], digest_pattern)
+            for role in MEMBER_ROLES
+            if role in members
+        },
         state=_state(document["state"]),
         world_size=integer_field(document["world_size"], "world_size", 1, layout.LIMITS.world_size),
+        key_id=key_id,
     )
-    recorded = document["self_digest"]
-    if type(recorded) is not str or not _HEX.fullmatch(recorded):
-        raise MalformedError(
-            f"self_digest must be {DIGEST_HEX_DIGITS} lowercase hex digits, got {short(recorded)}",
-            field="self_digest",
-            actual=short(recorded),
-        )
+    if signed:
+        return manifest
+    recorded = _hex_field(document["self_digest"], _HEX, "self_digest")
     computed = _self_digest(document)
     if computed != recorded:
         raise IntegrityError(
@@ -243,6 +296,52 @@ def parse_manifest(data: bytes, limit: int) -> Manifest:
             expected=recorded,
         )
     return manifest
+
+
+def _authenticate(
+    data: bytes, document: dict[str, Any], key_id: str, mac: str, key: SetKey | None
+) -> None:
+    """Check a signed manifest's key id and MAC (the format's docstring says over what).
+
+    Raises:
+        KeyRequiredError: ``key`` is ``None``.
+        IntegrityError: another key's id, or the MAC differs, or is not the manifest's
+            last bytes as the writer writes them.
+    """
+    if key is None:
+        raise KeyRequiredError(
+            f"the set is signed ({KEYED_DIGEST_ALGORITHM}, key id {key_id}): it cannot be"
+            " authenticated without the key (pass key=, or --key-file)",
+            check="key required",
+            field="key_id",
+            actual=key_id,
+        )
+    if not hmac.compare_digest(key_id, key.key_id):  # both checked hex: ASCII
+        raise IntegrityError(
+            f"the set is signed with another key (key id {key_id}; the key given has id"
+            f" {key.key_id}), or its key id was edited",
+            check="key",
+            field="key_id",
+            actual=key.key_id,
+            expected=key_id,
+        )
+    suffix = MAC_SUFFIX_PREFIX + mac.encode("ascii") + b'"}'
+    if list(document)[-1] != MAC_FIELD or not data.endswith(suffix):
+        # Only the writer's own bytes are authenticated, and it ends them so: anything else
+        # was rewritten without the key.
+        raise IntegrityError(
+            f'a signed manifest ends with its MAC (,"{MAC_FIELD}":"<64 hex digits>"}}), this'
+            " one does not: it was rewritten without the key",
+            check="mac",
+            field=MAC_FIELD,
+        )
+    if not hmac.compare_digest(key.mac(data[: -len(suffix)]), mac):
+        raise IntegrityError(
+            "the manifest's MAC does not match its bytes: it was edited without the key, or"
+            " damaged",
+            check="mac",
+            field=MAC_FIELD,
+        )
 
 
 _RNG_HEX = re.compile(r"(?:[0-9a-f]{2})*")  # a random state's bytes, in hex
@@ -367,8 +466,10 @@ def build_manifest(
     members: dict[str, MemberRecord],
     state: Sequence[tuple[str, Sequence[int]]],
     world_size: int,
+    key: SetKey | None = None,
 ) -> bytes:
-    """The manifest's bytes (compact JSON, keys in :data:`MANIFEST_KEYS` order).
+    """The manifest's bytes (compact JSON, keys in :data:`MANIFEST_KEYS` order; with
+    ``key``, a signed manifest: :data:`SIGNED_MANIFEST_KEYS`, its MAC last).
 
     Raises:
         CheckpointError: a value the manifest's readers would refuse (a tensor name longer
@@ -377,12 +478,16 @@ def build_manifest(
             nothing is committed.
     """
     _check_manifest_values(step, library, state, world_size)
-    document = {
+    document: dict[str, Any] = {
         "format": SET_FORMAT,
         "version": SET_VERSION,
         "step": step,
         "library": library,
-        "digest": DIGEST_ALGORITHM,
+        "digest": DIGEST_ALGORITHM if key is None else KEYED_DIGEST_ALGORITHM,
+    }
+    if key is not None:
+        document["key_id"] = key.key_id
+    document |= {
         "members": {
             role: {
                 "file": m.file,
@@ -396,8 +501,12 @@ def build_manifest(
         "state": [[name, list(shape)] for name, shape in state],
         "world_size": world_size,
     }
-    document["self_digest"] = _self_digest(document)
-    data = orjson.dumps(document)
+    if key is not None:
+        body = orjson.dumps(document)[:-1]  # without the closing brace
+        data = body + MAC_SUFFIX_PREFIX + key.mac(body).encode("ascii") + b'"}'
+    else:
+        document["self_digest"] = _self_digest(document)
+        data = orjson.dumps(document)
     _writer_check(
         len(data) <= layout.LIMITS.manifest_bytes,
         "manifest",

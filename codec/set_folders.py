@@ -20,12 +20,14 @@ from ..formats.checkpoint_set import (
 )
 from .errors import CheckpointError, FileTooLargeError, IntegrityError
 from .set_documents import Manifest, parse_manifest
+from .set_keys import SetKey
 
 __all__ = [
     "library_name",
     "check_step",
     "set_path",
     "read_manifest",
+    "read_manifest_bytes",
     "committed_steps",
     "candidate_steps",
     "retention_victims",
@@ -74,13 +76,32 @@ def _read_bounded(path: str, limit: int, what: str) -> bytes:
         return f.read(limit + 1)
 
 
-def read_manifest(folder: str | os.PathLike) -> Manifest:
+def read_manifest(
+    folder: str | os.PathLike, key: SetKey | None = None, *, authenticate: bool = True
+) -> Manifest:
     """The checked manifest of the set in ``folder``.
 
+    Args:
+        folder: the set's folder.
+        key, authenticate: as :func:`~.set_documents.parse_manifest`.
+
     Raises:
-        IntegrityError: there is no manifest (the set was never committed).
+        IntegrityError: there is no manifest (the set was never committed), or (with
+            ``authenticate``) the set does not authenticate with ``key``.
         CheckpointError: the manifest is malformed (the subclass says how), or its step is
             not the folder's.
+    """
+    return read_manifest_bytes(folder, key, authenticate=authenticate)[0]
+
+
+def read_manifest_bytes(
+    folder: str | os.PathLike, key: SetKey | None = None, *, authenticate: bool = True
+) -> tuple[Manifest, bytes]:
+    """:func:`read_manifest`, and the very bytes it parsed (what a signed set's MAC was
+    checked over: passed on, they need no second check).
+
+    Raises:
+        As :func:`read_manifest`.
     """
     folder = os.fspath(folder)
     path = os.path.join(folder, MANIFEST_FILE)
@@ -94,24 +115,29 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
             field="manifest",
         ) from None
     try:
-        manifest = parse_manifest(data, MAX_MANIFEST_BYTES)
+        manifest = parse_manifest(data, MAX_MANIFEST_BYTES, key, authenticate=authenticate)
     except CheckpointError as exc:
         raise exc.with_path(path) from None
     match = FOLDER_PATTERN.fullmatch(os.path.basename(os.path.abspath(folder)))
     if match is not None and int(match.group(1)) != manifest.step:
-        raise CheckpointError(
+        # A signed manifest is authentic here: it was copied from another step's set.
+        error = CheckpointError if manifest.key_id is None else IntegrityError
+        kwargs = {} if manifest.key_id is None else {"check": "step"}
+        raise error(
             f"the manifest is of step {manifest.step}, the folder of step {int(match.group(1))}",
             path=path,
             field="step",
             actual=manifest.step,
             expected=int(match.group(1)),
+            **kwargs,
         )
-    return manifest
+    return manifest, data
 
 
 def committed_steps(directory: str | os.PathLike) -> list[int]:
     """The steps of the committed sets in ``directory`` (a ``step-…`` folder whose manifest
-    parses), ascending. A missing directory has none."""
+    parses; a signed one is not authenticated here), ascending. A missing directory has
+    none."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -122,7 +148,7 @@ def committed_steps(directory: str | os.PathLike) -> list[int]:
         if match is None:
             continue
         try:
-            read_manifest(os.path.join(directory, name))
+            read_manifest(os.path.join(directory, name), authenticate=False)
         except (CheckpointError, OSError):
             continue
         steps.append(int(match.group(1)))

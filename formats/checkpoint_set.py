@@ -32,6 +32,21 @@ document without that key, keys in the document's order. The manifest is what th
 are checked against, so a flipped byte in it (a tensor name, a version, the library) must be
 caught too.
 
+A *signed* set (saved with a key) has the same members and a manifest authenticated with it
+(:data:`SIGNED_MANIFEST_KEYS`)::
+
+    {"format": "tlckpt_checkpoint_set", "version": 1, "step": 1200,
+     "library": "tlckpt 0.1.0", "digest": "blake3_keyed", "key_id": "<16 hex digits>",
+     "members": {"model": {..., "digest": "<64 hex digits>"}, ...},
+     "state": [...], "world_size": 1,
+     "mac": "<64 hex digits>"}
+
+The member digests are BLAKE3 keyed with a member key derived from the caller's 32-byte key;
+``mac`` is BLAKE3 keyed with a manifest key over the manifest's exact bytes before
+:data:`MAC_SUFFIX_PREFIX` (everything but the MAC); ``key_id`` names the key without revealing
+it. The normative description — derivations, the order of the reader's checks, what the MAC
+binds and what it cannot show — is ``docs/format.md`` §6; the constants are here.
+
 Training state::
 
     {"format": "tlckpt_training_state", "version": 1, "step": 1200,
@@ -69,7 +84,17 @@ __all__ = [
     "REQUIRED_MEMBERS",
     "DIGEST_ALGORITHM",
     "DIGEST_HEX_DIGITS",
+    "KEYED_DIGEST_ALGORITHM",
+    "KEYED_DIGEST_HEX_DIGITS",
+    "KEY_BYTES",
+    "KEY_ID_HEX_DIGITS",
+    "MEMBER_KEY_CONTEXT",
+    "MANIFEST_KEY_CONTEXT",
+    "KEY_ID_CONTEXT",
+    "MAC_FIELD",
+    "MAC_SUFFIX_PREFIX",
     "MANIFEST_KEYS",
+    "SIGNED_MANIFEST_KEYS",
     "MEMBER_KEYS",
     "TRAINING_STATE_KEYS",
     "RNG_KEYS",
@@ -152,6 +177,26 @@ REQUIRED_MEMBERS = ("model", "training_state")
 DIGEST_ALGORITHM = "xxh3_128"
 DIGEST_HEX_DIGITS = 32
 
+#: The digest of every member of a signed set: BLAKE3 in keyed mode (with the member key
+#: derived from the caller's key), 256 bits, written as 64 lowercase hex digits. A forged
+#: member cannot be given the digest of the original without the key.
+KEYED_DIGEST_ALGORITHM = "blake3_keyed"
+KEYED_DIGEST_HEX_DIGITS = 64
+#: The caller's key: 32 bytes (a key file holds them raw, or as 64 hex digits and an
+#: optional newline).
+KEY_BYTES = 32
+#: The key id a signed manifest records: 8 bytes derived from the key, in hex.
+KEY_ID_HEX_DIGITS = 16
+#: BLAKE3 key-derivation contexts (globally unique, fixed forever for this version): one
+#: key per use, so that a member's digest can never serve as a manifest's MAC.
+MEMBER_KEY_CONTEXT = "tlckpt 2026-12 checkpoint set member digest v1"
+MANIFEST_KEY_CONTEXT = "tlckpt 2026-12 checkpoint set manifest mac v1"
+KEY_ID_CONTEXT = "tlckpt 2026-12 checkpoint set key id v1"
+#: The signed manifest's last member, its MAC; the MAC covers the manifest's exact bytes
+#: before ``MAC_SUFFIX_PREFIX`` (the manifest ends with it, the MAC's hex digits and ``"}``).
+MAC_FIELD = "mac"
+MAC_SUFFIX_PREFIX = b',"mac":"'
+
 #: The manifest's members: each must be present, once.
 MANIFEST_KEYS = (
     "format",
@@ -163,6 +208,19 @@ MANIFEST_KEYS = (
     "state",
     "world_size",
     "self_digest",
+)
+#: A signed set's manifest: ``key_id`` added, ``mac`` (last) in place of ``self_digest``.
+SIGNED_MANIFEST_KEYS = (
+    "format",
+    "version",
+    "step",
+    "library",
+    "digest",
+    "key_id",
+    "members",
+    "state",
+    "world_size",
+    "mac",
 )
 #: A member's entry in the manifest.
 MEMBER_KEYS = ("file", "family", "version", "size", "digest")

@@ -40,6 +40,7 @@ from ..codec.checkpoint_set import (
     retention_victims,
     set_path,
 )
+from ..codec.set_keys import as_key
 from .checkpoint_sets import (
     Restored,
     Targets,
@@ -130,6 +131,15 @@ class CheckpointManager:
             removed here and after every commit (never a folder a live save holds).
         keep_last: after each commit, keep only this many newest sets (``None``: keep all).
         keep_every: also keep every set whose step is a multiple of this.
+        key: sign every set with this 32-byte key (blocking and background saves), and
+            accept only sets signed with it: :meth:`latest` and :meth:`restore` pass over
+            (with a :class:`~tlckpt.codec.checkpoint_set.SkippedCheckpointWarning`) every
+            set that does not authenticate. Only keys derived from it are kept, and
+            never shown.
+
+    Raises:
+        CheckpointError: ``key`` is not 32 bytes.
+        ValueError: ``keep_last`` or ``keep_every`` is not a positive integer.
 
     Example:
         >>> manager = CheckpointManager("run/checkpoints", keep_last=3)    # doctest: +SKIP
@@ -143,7 +153,9 @@ class CheckpointManager:
         *,
         keep_last: int | None = None,
         keep_every: int | None = None,
+        key: bytes | None = None,
     ):
+        self._key = as_key(key)
         self.directory = Path(directory)
         self.keep_last = _positive("keep_last", keep_last)
         self.keep_every = _positive("keep_every", keep_every)
@@ -205,7 +217,7 @@ class CheckpointManager:
             if blocking:
                 source = live_source(step, model, optimizer, scheduler, random_counter, extra)
                 target = set_path(self.directory, step)
-                path = write_set(target, step, source, overwrite=overwrite)
+                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
                 self._retain(step)
                 return _finished(step, path)
             snapshot = self._snapshotter.capture(model, optimizer)
@@ -215,7 +227,7 @@ class CheckpointManager:
             def background() -> Path:
                 snapshot.wait()
                 target = set_path(self.directory, step)
-                path = write_set(target, step, source, overwrite=overwrite)
+                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
                 self._retain(step)
                 return path
 
@@ -281,7 +293,7 @@ class CheckpointManager:
         :class:`~tlckpt.codec.checkpoint_set.SkippedCheckpointWarning` with the member and
         the check that failed.
         """
-        return latest_verified(self.directory)
+        return latest_verified(self.directory, key=self._key)
 
     def restore(
         self,
@@ -318,5 +330,5 @@ class CheckpointManager:
             self._settle(raise_failure=False)
         targets = Targets(model, optimizer, scheduler, rng)
         if step is None:
-            return restore_latest(self.directory, targets)
-        return restore_set(set_path(self.directory, step), targets)
+            return restore_latest(self.directory, targets, key=self._key)
+        return restore_set(set_path(self.directory, step), targets, key=self._key)

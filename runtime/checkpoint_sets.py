@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ..codec.set_keys import as_key
+
 # Writing and restoring live in their own modules; this one offers the public functions
 # and names all of them.
 from .set_restoring import Restored, Targets, restore_latest, restore_set
@@ -64,6 +66,7 @@ def save_checkpoint(
     extra: Any = None,
     step: int = 0,
     overwrite: bool = False,
+    key: bytes | None = None,
 ) -> Path:
     """Save a whole training state as one checkpoint set: the folder ``path``, committed
     atomically (a crash leaves the previous set at ``path`` — or none — or the new one, and
@@ -79,20 +82,24 @@ def save_checkpoint(
         step: the step the set records.
         overwrite: replace an existing set at ``path`` (a symbolic link there is replaced,
             its target untouched).
+        key: sign the set with this 32-byte key (members digested with keyed BLAKE3 as
+            they are written, the manifest authenticated); it then loads only with the key.
 
     Returns:
         The set's folder.
 
     Raises:
-        CheckpointError: something cannot be saved exactly (named); nothing is written.
+        CheckpointError: something cannot be saved exactly (named), or ``key`` is not 32
+            bytes; nothing is written.
         FileExistsError: ``path`` exists and ``overwrite`` is false.
         OSError: from the file system; nothing is committed.
 
     Example:
         >>> save_checkpoint("ckpt", model=model, optimizer=opt, step=100)  # doctest: +SKIP
     """
+    key = as_key(key)
     source = live_source(step, model, optimizer, scheduler, random_counter, extra)
-    return write_set(path, step, source, overwrite=overwrite)
+    return write_set(path, step, source, overwrite=overwrite, key=key)
 
 
 def load_checkpoint(
@@ -102,6 +109,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any = None,
     rng: bool = False,
+    key: bytes | None = None,
 ) -> Restored:
     """Verify the checkpoint set at ``path`` and restore it, all or nothing.
 
@@ -116,14 +124,17 @@ def load_checkpoint(
         path: the set's folder.
         model, optimizer, scheduler: the live objects, built as for the saved run.
         rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.
+        key: the 32-byte key the set was signed with; ``None`` for an unsigned set.
 
     Returns:
         The set's step, random counter and ``extra``.
 
     Raises:
-        IntegrityError: a member is missing or damaged (named, with the check).
+        KeyRequiredError: the set is signed and no key was given.
+        IntegrityError: a member is missing or damaged (named, with the check); with
+            ``key``, the set is signed with another key, was edited, or is not signed.
         CheckpointError: the set is malformed or does not fit the objects (tensor names or
             shapes, optimizer, param groups, scheduler, random states); nothing has changed.
         OSError: from the file system; nothing has changed.
     """
-    return restore_set(path, Targets(model, optimizer, scheduler, rng))
+    return restore_set(path, Targets(model, optimizer, scheduler, rng), key=key)

@@ -21,6 +21,7 @@ from ..codec.checkpoint_set import (
     warn_skipped,
 )
 from ..codec.errors import CheckpointError, SchemaMismatchError
+from ..codec.set_keys import as_key
 from ..formats.checkpoint_set import MODEL_FLOAT32_FILE
 from . import bits_files, float32_files, optimizer_files, training_state
 from .local_placement import LOCAL
@@ -97,12 +98,16 @@ def restore_set(
     targets: Targets,
     *,
     fallback: bool = False,
+    key: Any = None,
 ) -> Restored:
     """Verify the set in ``folder`` and restore it into the live objects, all or nothing.
 
     Args:
         fallback: raise phase-1 failures as :class:`_Unverified` (the caller moves on to
-            an older set) rather than as they are.
+            an older set) rather than as they are (a set that does not authenticate with
+            ``key`` is one).
+        key: the key the set must be signed with (32 bytes or a ``SetKey``); ``None``: it
+            must be unsigned.
 
     Raises:
         CheckpointError: the set does not verify (the member and the check named), or does
@@ -110,12 +115,13 @@ def restore_set(
         OSError: from the file system; nothing live has changed.
     """
     require_module(targets.model)
+    key = as_key(key)  # a bad key is the caller's error, never a set to pass over
     placement = placement_for(targets.model)
     if placement is not LOCAL:
-        return _restore_sharded(folder, targets)
+        return _restore_sharded(folder, targets, key)
     with contextlib.ExitStack() as stack:
         try:
-            verified = stack.enter_context(VerifiedSet.open(folder, streaming=True))
+            verified = stack.enter_context(VerifiedSet.open(folder, streaming=True, key=key))
             state = verified.training_state()
         except (CheckpointError, OSError) as exc:
             if fallback:
@@ -206,15 +212,12 @@ def _fit_and_commit(
 def _restore_sharded(
     folder: str | os.PathLike,
     targets: Targets,
+    key: Any = None,
 ) -> Restored:
-    """Rank 0 verifies and reads the documents, every rank gets them, every rank plans and
-    commits (the loads are collectives)."""
+    """Rank 0 verifies (and authenticates) and reads the documents, every rank gets them,
+    every rank plans and commits (the loads are collectives)."""
     from ..codec.set_documents import parse_manifest, parse_training_state
-    from ..formats.checkpoint_set import (
-        MANIFEST_FILE,
-        MAX_MANIFEST_BYTES,
-        MAX_TRAINING_STATE_BYTES,
-    )
+    from ..formats.checkpoint_set import MAX_MANIFEST_BYTES, MAX_TRAINING_STATE_BYTES
     from .collectives import broadcast_bytes, is_writer
 
     placement = placement_for(targets.model)
@@ -223,16 +226,19 @@ def _restore_sharded(
         def verify() -> VerifiedSet | None:
             if not is_writer():
                 return None
-            opened = stack.enter_context(VerifiedSet.open(folder))
+            opened = stack.enter_context(VerifiedSet.open(folder, key=key))
             opened.training_state()
             return opened
 
         verified = placement.agree(verify)
         manifest_bytes = training_bytes = None
         if verified is not None:
-            manifest_bytes = (Path(folder) / MANIFEST_FILE).read_bytes()
+            # The very bytes rank 0 verified (and authenticated), not a second read.
+            manifest_bytes = verified.manifest_bytes
             training_bytes = verified.file("training_state").read()
-        manifest = parse_manifest(broadcast_bytes(manifest_bytes), MAX_MANIFEST_BYTES)
+        manifest = parse_manifest(
+            broadcast_bytes(manifest_bytes), MAX_MANIFEST_BYTES, authenticate=False
+        )
         state = parse_training_state(broadcast_bytes(training_bytes), MAX_TRAINING_STATE_BYTES)
         return _fit_and_commit(placement, verified, state, manifest, targets)
 
@@ -240,17 +246,21 @@ def _restore_sharded(
 def restore_latest(
     directory: str | os.PathLike,
     targets: Targets,
+    *,
+    key: Any = None,
 ) -> Restored:
-    """Restore the newest set that verifies, passing over (with a warning naming the set,
-    the member and the check) every newer one that does not.
+    """Restore the newest set that verifies (with ``key``: authenticates), passing over
+    (with a warning naming the set, the member and the check) every newer one that does
+    not.
 
     Raises:
         CheckpointError: no set verifies; or the newest verified set does not fit the
             objects (not a reason to fall back: an older one would not fit either).
     """
+    key = as_key(key)
     for step in reversed(candidate_steps(directory)):
         try:
-            return restore_set(set_path(directory, step), targets, fallback=True)
+            return restore_set(set_path(directory, step), targets, fallback=True, key=key)
         except _Unverified as skipped:
             warn_skipped(step, skipped.__cause__ or skipped)
     raise CheckpointError(

@@ -152,9 +152,10 @@ def write_set(
     source: SetSource,
     *,
     overwrite: bool = False,
+    key: Any = None,
 ) -> Path:
     """Write and commit the set of ``step`` as the folder ``path`` (see the module
-    docstring).
+    docstring); signed with ``key`` (32 bytes, or a ``SetKey``) when given.
 
     Returns:
         The committed set's folder.
@@ -165,15 +166,18 @@ def write_set(
         OSError: from the file system; nothing is committed.
     """
     if not source.sharded:
-        with SetWriter(path, step, overwrite=overwrite) as writer:
+        with SetWriter(path, step, overwrite=overwrite, key=key) as writer:
             _write_members(writer, source, Path(writer.path))
             return writer.commit(source.state)
-    return _write_sharded(path, step, source, overwrite)
+    return _write_sharded(path, step, source, overwrite, key)
 
 
-def _write_sharded(path: str | os.PathLike, step: int, source: SetSource, overwrite: bool) -> Path:
+def _write_sharded(
+    path: str | os.PathLike, step: int, source: SetSource, overwrite: bool, key: Any = None
+) -> Path:
     """Every rank writes its part through the collective save functions; rank 0 commits
-    the manifest once every rank has confirmed."""
+    the manifest once every rank has confirmed (every member's bytes pass through rank 0's
+    digesting writers, keyed when the set is signed)."""
     from .collectives import is_writer, share_verdict, world_size
 
     with contextlib.ExitStack() as stack:
@@ -181,7 +185,7 @@ def _write_sharded(path: str | os.PathLike, step: int, source: SetSource, overwr
         error: BaseException | None = None
         if is_writer():
             try:
-                writer = stack.enter_context(SetWriter(path, step, overwrite=overwrite))
+                writer = stack.enter_context(SetWriter(path, step, overwrite=overwrite, key=key))
             except Exception as exc:  # shared below: every rank raises it
                 error = exc
         share_verdict(error)

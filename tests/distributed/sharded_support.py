@@ -39,6 +39,7 @@ CHECKS_OF_WORLD = {
         "exact_bits_dtypes",
         "hsdp_meshes",
         "checkpoint_sets",
+        "signed_checkpoint_sets",
         "memory",
     ],
     3: [

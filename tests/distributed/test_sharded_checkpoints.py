@@ -338,3 +338,13 @@ def test_checkpoint_set_of_a_sharded_model(groups):
         assert r["counter"] == K
         assert r["after_restore"] == []
         assert "not supported" in r["background"]
+
+
+def test_signed_checkpoint_set_of_a_sharded_model(groups):
+    """A sharded save with a key signs the set (rank 0's digesting writers see every byte);
+    without the key every rank refuses it and nothing changes; with it the restore is exact."""
+    results = report(groups, 2, "signed_checkpoint_sets")
+    assert results[0]["signed"] is True
+    for r in results:
+        assert r["keyless"] == "KeyRequiredError" and r["unchanged"]
+        assert r["counter"] == K and r["after_restore"] == []

@@ -50,3 +50,35 @@ def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
         "after_restore": after,
         "background": background,
     }
+
+
+@check
+def signed_checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
+    """A signed set of the sharded run: every member's bytes pass through rank 0's keyed
+    digesting writers, rank 0 commits the MAC'd manifest; restored with the key into fresh
+    shards it equals the saved run, and without the key every rank refuses it."""
+    model, opt = sharded_model(ctx["mesh"], seed=0)
+    counter = train(model, opt, 0, K)
+    key = bytes(range(64, 96))
+    manager = tlckpt.CheckpointManager(MINE / "signed-sets", key=key)
+    folder = manager.save(K, model=model, optimizer=opt, random_counter=counter).wait()
+    dist.barrier()
+    signed = on_writer(lambda: tlckpt.verify_checkpoint(folder, key=key).key_id is not None)
+    saved = torch.load(MINE / "saved.pt", weights_only=True)
+    fresh, fresh_opt = sharded_model(ctx["mesh"], seed=4321)
+    try:
+        tlckpt.load_checkpoint(folder, model=fresh, optimizer=fresh_opt)
+        keyless = "loaded"
+    except tlckpt.KeyRequiredError:
+        keyless = "KeyRequiredError"
+    unchanged = differences(snapshot(fresh, fresh_opt), saved) != []
+    restored = manager.restore(model=fresh, optimizer=fresh_opt)
+    after = differences(snapshot(fresh, fresh_opt), saved)
+    dist.barrier()
+    return {
+        "signed": signed,
+        "keyless": keyless,
+        "unchanged": unchanged,
+        "counter": restored.random_counter,
+        "after_restore": after,
+    }
