@@ -116,7 +116,7 @@ def test_the_worst_json_nesting_at_the_bound_is_written() -> None:
         None,
         value,
         [{"lr": 1.0}],
-        {"torch": b"", "cuda": [], "numpy": value, "random": 1},
+        None,  # random states have fixed shapes, checked whole (tests/hostile/test_rng_states.py)
         value,
     )
     state = parse_training_state(data, MAX_TRAINING_STATE_BYTES)
