@@ -50,8 +50,10 @@ class AdamBinding:
     Attributes:
         optimizer: the ``torch.optim.Adam`` (or ``AdamW``).
         slots: the parameter slots (``module_or_params``).
-        groups: per slot, the param group managing the slot's tensor (``None`` when the
-            optimizer does not manage it: frozen slots, aliases).
+        groups: per slot, the param group managing the slot's tensor (``None`` for aliases,
+            and for a frozen slot the optimizer does not manage or that repeats an earlier
+            slot's tensor). A frozen slot's group is where state it kept from before it was
+            frozen lives (:attr:`state_slots`).
         group_index: per slot, that group's index in ``optimizer.param_groups``.
         group_configs: every param group's hyperparameters, in order.
         dtypes: per slot, its parameter's dtype name (the moment dtype).
@@ -66,9 +68,16 @@ class AdamBinding:
     dtypes: tuple[str, ...]
     config: AdamConfig | None = None
 
+    @property
+    def state_slots(self) -> tuple[int, ...]:
+        """The slots that may hold state, ascending: the representative slots, and the
+        frozen slots whose tensor the optimizer manages (state from before the freeze)."""
+        return tuple(i for i, g in enumerate(self.group_index) if g is not None)
+
     def fit(self, has_state: Callable[[int], bool] | None = None) -> TorchLeanFit:
-        """Whether the state fits TorchLean's versions (``has_state``: whether a
-        representative slot has state; ``None``: all have)."""
+        """Whether the state fits TorchLean's versions (``has_state``: whether a slot of
+        :attr:`state_slots` has state; ``None``: every representative slot has, no frozen
+        one)."""
         return torchlean_fit(
             self.slots.schema,
             self.group_configs,
@@ -160,10 +169,15 @@ def bind_optimizer(
                     field=f"param_groups[{index}].params[{k}]",
                 )
     group_index: list[int | None] = []
+    seen: set[int] = set()  # tensors of earlier slots: a tied frozen tensor's state is one
     for i, t in enumerate(slots.tensors):
         r = schema.representative(i)
+        first = id(t) not in seen
+        seen.add(id(t))
         if r is None:
-            group_index.append(None)
+            # Frozen: torch keeps the state it had before the freeze (gradual unfreezing);
+            # it belongs to the first slot of the tensor (torch keys state by tensor).
+            group_index.append(index_of.get(id(t)) if first else None)
             continue
         if r != i:
             if t is not slots.tensors[r] and id(t) in index_of:

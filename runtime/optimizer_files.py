@@ -194,8 +194,13 @@ def save(
             take,
             lambda slot, step, m: OptimizerEntry(step, dtypes[slot], *m),
         )
+        # A frozen slot names its group only when it kept state (then the file is version 2).
+        slot_groups = [
+            g if schema.representative(i) is not None or i in states else None
+            for i, g in enumerate(binding.group_index)
+        ]
         return write_optimizer_state(
-            path, schema, binding.group_configs, binding.group_index, entries, random_counter
+            path, schema, binding.group_configs, slot_groups, entries, random_counter
         )
 
     # The codec holds one entry's moments at a time: m and v (and max_exp_avg_sq).
