@@ -73,8 +73,7 @@ def _check_slot_groups(
             if not ok or not 0 <= group < count:
                 what = "trainable" if owner else "frozen with state (an entry)"
                 raise SchemaMismatchError(
-                    f"slot {i} is {what}: its group must be an index below {count}, got"
-                    f" {group!r}",
+                    f"slot {i} is {what}: its group must be an index below {count}, got {group!r}",
                     field=f"slot_groups[{i}]",
                     actual=group,
                 )
@@ -175,8 +174,8 @@ def write_optimizer_state(
     strays = [s for s in slots if s not in owners]
     if strays:
         raise EntryError(
-            "entries are for representative slots and frozen slots with a group only; not"
-            f" one of them: {strays}",
+            "entries are for representative slots only (and frozen slots with a group);"
+            f" not representative: {strays}",
             actual=strays,
             expected=sorted(owners),
         )

@@ -276,6 +276,7 @@ def layout_of(spec: Struct) -> OptimizerLayout:
     slot_groups = [sc for sc in spec.subcons if sc.name == "slot_groups"]
     return OptimizerLayout(frozen_state=bool(slot_groups) and slot_groups[0] is SLOT_GROUPS_V2)
 
+
 # Spec paths readers act on. The schema blocks are TorchLean's, under TorchLean's names
 # (schema_fields), so their paths (SCHEMA, SLOTS, REPRESENTATIVES) are formats.schema's and
 # the schema check shared with TLADAMF applies to them unchanged; VERSION is the framing's,

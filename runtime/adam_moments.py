@@ -40,7 +40,7 @@ def item(slot: int, field: str) -> int:
 
 
 def _amsgrad(binding: AdamBinding, slot: int) -> bool:
-    group = binding.groups[slot]
+    group = binding.group_of(slot)
     return bool(group is not None and group.get("amsgrad", False))
 
 
@@ -119,7 +119,7 @@ def new_state(
     slots = binding.slots
     by_param: dict[int, dict] = {}
     for i, step in steps.items():
-        p, group = slots.tensors[i], binding.groups[i]
+        p, group = slots.tensors[i], binding.group_of(i)
         if group is None:  # pragma: no cover - the readers accept entries of owners only
             raise CheckpointError(f"{slots.label(i)} has no param group")
         keys = STATE_KEYS if _amsgrad(binding, i) else STATE_KEYS[:2]

@@ -169,7 +169,7 @@ def test_writer_refusals() -> None:
         ((0, None, None, None, 0), entries, "slot 2 is frozen with state"),
         ((0, None, 1, 1, 0), entries, "slot 3 is frozen or an alias"),
         ((0, None, 5, None, 0), entries, "slot 2 is frozen with state"),
-        ((0, None, 1, None, 0), {**entries, 1: entries[0]}, r"not one of them: \[1\]"),
+        ((0, None, 1, None, 0), {**entries, 1: entries[0]}, r"not representative: \[1\]"),
     ]:
         out = io.BytesIO()
         with pytest.raises(CheckpointError, match=match):

@@ -186,3 +186,34 @@ def test_frozen_state_needs_the_optimizer_to_manage_the_slot(tmp_path: Path) -> 
         load_optimizer(only_trainable, model, tmp_path / "o")
     assert "does not manage" in str(info.value)
     assert not only_trainable.state
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(6, 3)
+        self.mix = torch.nn.Linear(3, 3)
+        self.head = torch.nn.Linear(3, 6, bias=False)
+        self.head.weight = self.embed.weight  # one tensor, two slots
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
+def test_a_frozen_tied_tensor_keeps_one_state(tmp_path: Path) -> None:
+    """Frozen tied slots have no representative; the tensor's one state is its first slot's."""
+    torch.manual_seed(0)
+    model = _Tied()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for k in range(2):
+        opt.zero_grad()
+        model(torch.tensor([k, 1, 2])).sum().backward()
+        opt.step()
+    model.embed.requires_grad_(False)
+    assert save_optimizer(opt, model, tmp_path / "o") == 2
+    info = tlckpt_inspect(tmp_path / "o")
+    assert [s["group"] for s in info["slots"]] == [0, 0, 0, None]  # slot 3: the same tensor
+    assert [e["id"] for e in info["entries"]] == [0, 1, 2]
+    fresh = torch.optim.Adam(model.parameters(), lr=1e-2)
+    load_optimizer(fresh, model, tmp_path / "o")
+    _assert_same_run(model, opt, model, fresh)
