@@ -18,18 +18,36 @@ from tlckpt import CheckpointManager
 from tlckpt.codec import ConfigError, SchemaMismatchError
 from tlckpt.codec import inspect as tlckpt_inspect
 from tlckpt.runtime import load_optimizer, save_optimizer
+from tlckpt.testing.models import CUDA_IMPLS, IMPLS
+
+#: (device, optimizer implementation): every setting, on the CPU and on CUDA where present.
+SETTINGS = [
+    *(pytest.param("cpu", impl, id=impl) for impl in IMPLS),
+    *(
+        pytest.param(
+            "cuda",
+            impl,
+            id=f"cuda-{impl}",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        )
+        for impl in CUDA_IMPLS
+    ),
+]
 
 
-def _build(seed: int = 0, amsgrad: bool = False):
+def _build(seed: int = 0, amsgrad: bool = False, device: str = "cpu", impl: str = "default"):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, amsgrad=amsgrad)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)).to(device)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-2, weight_decay=0.01, amsgrad=amsgrad, **CUDA_IMPLS[impl]
+    )
     return model, opt
 
 
 def _train(model, opt, first: int, steps: int) -> None:
+    device = next(model.parameters()).device
     for k in range(first, first + steps):
-        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(k))
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(k)).to(device)
         opt.zero_grad()
         model(x).pow(2).sum().backward()
         opt.step()
@@ -68,15 +86,17 @@ def test_frozen_state_survives_save_and_load(tmp_path: Path, amsgrad: bool) -> N
     _assert_same_run(model, opt, fresh_model, fresh)
 
 
-def _resume_through_freeze(tmp_path: Path, save, load) -> None:
+def _resume_through_freeze(
+    tmp_path: Path, save, load, device: str = "cpu", impl: str = "default"
+) -> None:
     """N steps, freeze, train, save; a fresh run built and frozen the same way loads, both
     unfreeze and train: every parameter and state tensor equal bit for bit."""
-    model, opt = _build()
+    model, opt = _build(device=device, impl=impl)
     _train(model, opt, 0, 3)
     model[0].requires_grad_(False)
     _train(model, opt, 3, 2)
     save(model, opt)
-    fresh_model, fresh = _build(seed=7)
+    fresh_model, fresh = _build(seed=7, device=device, impl=impl)
     fresh_model[0].requires_grad_(False)
     load(fresh_model, fresh)
     _assert_same_run(model, opt, fresh_model, fresh)
@@ -87,7 +107,8 @@ def _resume_through_freeze(tmp_path: Path, save, load) -> None:
     _assert_same_run(model, opt, fresh_model, fresh)
 
 
-def test_resume_through_freeze_and_unfreeze(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device, impl", SETTINGS)
+def test_resume_through_freeze_and_unfreeze(tmp_path: Path, device: str, impl: str) -> None:
     def save(model, opt):
         assert save_optimizer(opt, model, tmp_path / "o") == 2
         torch.save(model.state_dict(), tmp_path / "m")
@@ -96,7 +117,7 @@ def test_resume_through_freeze_and_unfreeze(tmp_path: Path) -> None:
         model.load_state_dict(torch.load(tmp_path / "m"))
         load_optimizer(opt, model, tmp_path / "o")
 
-    _resume_through_freeze(tmp_path, save, load)
+    _resume_through_freeze(tmp_path, save, load, device, impl)
 
 
 def test_resume_through_freeze_in_a_checkpoint_set(tmp_path: Path) -> None:
