@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -71,7 +72,7 @@ class AdamBinding:
     config: AdamConfig | None = None
     frozen_group_index: tuple[int | None, ...] = ()
 
-    @property
+    @cached_property  # asked once per slot by a load: computed once
     def state_group_index(self) -> tuple[int | None, ...]:
         """Per slot, the index of the param group its state would live in: ``group_index``,
         and ``frozen_group_index`` for frozen slots (``None``: the slot holds no state)."""
@@ -81,7 +82,7 @@ class AdamBinding:
             g if g is not None else f for g, f in zip(self.group_index, self.frozen_group_index)
         )
 
-    @property
+    @cached_property
     def state_slots(self) -> tuple[int, ...]:
         """The slots that may hold state, ascending: the representative slots, and the
         frozen slots whose tensor the optimizer manages (state from before the freeze)."""
