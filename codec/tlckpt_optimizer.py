@@ -26,6 +26,7 @@ from ..formats.tlckpt_optimizer import (
     MOMENT_DTYPES,
     RANDOM_COUNTER,
     SLOT_GROUPS,
+    layout_of,
 )
 from .config import AdamConfig
 from .errors import ConfigError, EntryError, SchemaMismatchError, differs, names_the_file
@@ -101,6 +102,10 @@ class _OptimizerReader(OptimizerReader):
         self.slot_groups: tuple[int | None, ...] = ()
         self.entries: dict[int, OptimizerEntry] = {}
         self.last_id = -1
+        # Whether this version lets a frozen slot keep state; if so, the frozen slots that
+        # have a group (each must have an entry) and where their tags are.
+        self.frozen_state = layout_of(spec.struct).frozen_state
+        self.frozen_holders: dict[int, int] = {}
         self.init_reader(spec, schema, sink, skip_payloads)
 
     def header_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
@@ -116,9 +121,12 @@ class _OptimizerReader(OptimizerReader):
         elif path == RANDOM_COUNTER:
             self.random_counter = value
         elif path == ENTRY_COUNT:
-            most = self.schema.optimizer_state_count
+            most = self.schema.optimizer_state_count + len(self.frozen_holders)
             if value > most:
-                message = f"entry_count is {value}, the schema has {most} representative slot(s)"
+                owners = self.schema.optimizer_state_count
+                message = f"entry_count is {value}, the schema has {owners} representative slot(s)"
+                if self.frozen_holders:
+                    message += f" and {len(self.frozen_holders)} frozen slot(s) with a group"
                 raise differs(EntryError, message, offset, path, value, f"<= {most}")
 
     # ------------------------------------------------------------------ param groups
@@ -161,10 +169,14 @@ class _OptimizerReader(OptimizerReader):
         expected = self.expect.slot_groups
         want = None if expected is None else [_group_tag(g) for g in expected]
         if want is not None and tags == want:
-            self.slot_groups = tuple(expected)
-            return
+            frozen = [j for j, grad in enumerate(schema.requires_grad) if not grad and tags[j]]
+            if self.frozen_state or not frozen:
+                self.slot_groups = tuple(expected)
+                self.frozen_holders = {j: offset + U64_SIZE * j for j in frozen}
+                return
         for j, tag in enumerate(tags):
             at, where = offset + U64_SIZE * j, f"{field_name(SLOT_GROUPS)}[{j}]"
+            frozen = schema.representative(j) is None
             if schema.is_representative(j):
                 if not 1 <= tag <= count:
                     raise SchemaMismatchError(
@@ -175,16 +187,26 @@ class _OptimizerReader(OptimizerReader):
                         actual=tag,
                         expected=f"1 to {count}",
                     )
+            elif frozen and self.frozen_state and tag != 0:
+                self._check_frozen_group(j, tag, count, want, at, where)
+                continue
             elif tag != 0:
-                what = "frozen" if schema.representative(j) is None else "an alias"
+                what = "frozen" if frozen else "an alias"
+                only = (
+                    "representative slots and frozen slots with state"
+                    if self.frozen_state
+                    else "representative slots"
+                )
                 raise SchemaMismatchError(
-                    f"slot {j} is {what} and has param group tag {tag}; only representative"
-                    " slots have a group",
+                    f"slot {j} is {what} and has param group tag {tag}; only {only} have a"
+                    f" group{'' if self.frozen_state else ' in version 1'}",
                     offset=at,
                     field=where,
                     actual=tag,
                     expected=0,
                 )
+            elif frozen:
+                continue  # no state: whichever group the destination has it in
             if want is not None and tag != want[j]:
                 raise SchemaMismatchError(
                     f"slot {j}: param group {tag - 1} in the file, {want[j] - 1} expected",
@@ -195,10 +217,47 @@ class _OptimizerReader(OptimizerReader):
                 )
         self.slot_groups = tuple(None if t == 0 else t - 1 for t in tags)
 
+    def _check_frozen_group(
+        self, j: int, tag: int, count: int, want: list[int] | None, at: int, where: str
+    ) -> None:
+        """A frozen slot with a group (version 2): it has state, kept in that group, which
+        must be the destination's group of that parameter."""
+        if not 1 <= tag <= count:
+            raise SchemaMismatchError(
+                f"slot {j} is frozen with state and names param group tag {tag}; the file has"
+                f" {count} group(s) (tags 1 to {count})",
+                offset=at,
+                field=where,
+                actual=tag,
+                expected=f"0 to {count}",
+            )
+        if want is not None and tag != want[j]:
+            if want[j] == 0:
+                raise SchemaMismatchError(
+                    f"slot {j} is frozen and has state in the file (param group {tag - 1}),"
+                    " but the optimizer does not manage that parameter: it has nowhere to"
+                    " keep the state",
+                    offset=at,
+                    field=where,
+                    actual=tag - 1,
+                    expected=None,
+                )
+            raise SchemaMismatchError(
+                f"slot {j}: param group {tag - 1} in the file, {want[j] - 1} expected",
+                offset=at,
+                field=where,
+                actual=tag - 1,
+                expected=want[j] - 1,
+            )
+        self.frozen_holders[j] = at
+
     # ------------------------------------------------------------------ entries
 
     def entry_field(self, path: Path, value: Any, offset: int, ctx: Container) -> None:
         depth = len(path)
+        if path == ENTRIES:  # after the last entry
+            self._check_frozen_entries()
+            return
         if depth == _RECORD:  # a whole record: keep it
             self.entries[value.id] = OptimizerEntry(
                 int(value.step),
@@ -230,6 +289,19 @@ class _OptimizerReader(OptimizerReader):
                 raise differs(ConfigError, message, offset, path, got, want)
         elif name == "count":
             self.check_entry_count(path, value, offset, ctx)
+
+    def _check_frozen_entries(self) -> None:
+        """A frozen slot has a group exactly when it has state: each has its entry."""
+        for j, at in self.frozen_holders.items():
+            if j not in self.entries:
+                raise EntryError(
+                    f"slot {j} is frozen and has param group tag {self.slot_groups[j] + 1},"
+                    " but no entry; a frozen slot has a group only when it has state",
+                    offset=at,
+                    field=f"{field_name(SLOT_GROUPS)}[{j}]",
+                    actual=self.slot_groups[j] + 1,
+                    expected=0,
+                )
 
     def _expected_dtype(self, slot: int) -> str | None:
         expect = self.expect

@@ -62,17 +62,20 @@ def _example(
     grads: list[bool],
     reps: list[int | None],
     counter: int | None,
+    frozen_state: bool = False,
 ) -> FamilyExample:
     """A file of random moments of every dtype: each representative slot in a random group,
-    about one in five without state."""
+    about one in five without state; with ``frozen_state``, every frozen slot with state in
+    a random group too (version 2)."""
     schema = ParameterSchema(shapes, grads, reps)
-    slot_groups = [
-        int(rng.integers(0, len(_GROUPS))) if schema.is_representative(i) else None
+    holds = [
+        schema.is_representative(i) or (frozen_state and schema.representative(i) is None)
         for i in range(len(schema))
     ]
+    slot_groups = [int(rng.integers(0, len(_GROUPS))) if h else None for h in holds]
     entries = {}
-    for slot in schema.representative_slots:
-        if rng.integers(0, 5) == 0:
+    for slot in (i for i, h in enumerate(holds) if h):
+        if schema.is_representative(slot) and rng.integers(0, 5) == 0:
             continue
         dtype = MOMENT_DTYPE_NAMES[int(rng.integers(0, len(MOMENT_DTYPE_NAMES)))]
         words = moment_array_dtype(dtype)
@@ -118,7 +121,7 @@ class _OptimizerFamily(FamilyHandler):
 
     def examples(self) -> tuple[FamilyExample, ...]:
         """Small files (a tied, frozen, scalar and zero-size slot; a counter), a file of many
-        small slots, and one of large payloads."""
+        small slots, one of large payloads, and a version 2 file (frozen slots with state)."""
         rng = np.random.default_rng(20250101)
         many = [tuple(int(d) for d in rng.integers(0, 4, rng.integers(0, 3))) for _ in range(300)]
         return (
@@ -138,6 +141,15 @@ class _OptimizerFamily(FamilyHandler):
                 [True, True, True],
                 [0, 1, 0],
                 12345,
+            ),
+            _example(
+                "tlckopt_frozen_state",
+                rng,
+                [(3, 4), (4,), (2, 3), (2, 3), (), (5,)],
+                [False, False, True, True, False, True],
+                [None, None, 2, 2, None, 5],
+                None,
+                frozen_state=True,
             ),
         )
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..formats import registry
 from ..formats.framing import OPTIMIZER_MAGIC
-from ..formats.tlckpt_optimizer import WRITTEN_VERSION
+from ..formats.tlckpt_optimizer import FROZEN_STATE_VERSION, WRITTEN_VERSION
 from .atomic import output
 from .builder import build as build_spec
 from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
@@ -52,30 +52,41 @@ def _check_groups(groups: Sequence[ParamGroupConfig]) -> None:
 
 
 def _check_slot_groups(
-    schema: ParameterSchema, slot_groups: Sequence[int | None], count: int
-) -> None:
+    schema: ParameterSchema,
+    slot_groups: Sequence[int | None],
+    count: int,
+    has_entry: frozenset[int],
+) -> list[int]:
+    """Check each slot's group; returns the frozen slots that have one (and state)."""
     if len(slot_groups) != len(schema):
         raise SchemaMismatchError(
             f"slot_groups has {len(slot_groups)} entries for {len(schema)} slot(s)",
             field="slot_groups",
         )
+    frozen_with_state = []
     for i, group in enumerate(slot_groups):
         owner = schema.is_representative(i)
-        if owner:
+        # A frozen slot keeps the state it had before it was frozen: its group says where.
+        holds = owner or (schema.representative(i) is None and i in has_entry)
+        if holds:
             ok = isinstance(group, (int, np.integer)) and not isinstance(group, bool)
             if not ok or not 0 <= group < count:
+                what = "trainable" if owner else "frozen with state (an entry)"
                 raise SchemaMismatchError(
-                    f"slot {i} is trainable: its group must be an index below {count}, got"
-                    f" {group!r}",
+                    f"slot {i} is {what}: its group must be an index below {count}, got {group!r}",
                     field=f"slot_groups[{i}]",
                     actual=group,
                 )
+            if not owner:
+                frozen_with_state.append(i)
         elif group is not None:
             raise SchemaMismatchError(
-                f"slot {i} is frozen or an alias: its group must be None, got {group!r}",
+                f"slot {i} is frozen or an alias: its group must be None (a frozen slot has"
+                f" one only when it has an entry), got {group!r}",
                 field=f"slot_groups[{i}]",
                 actual=group,
             )
+    return frozen_with_state
 
 
 def _check_entry(
@@ -136,15 +147,17 @@ def write_optimizer_state(
         path: destination path (written atomically), or a binary file object.
         schema: the parameters' schema; must be well-formed.
         groups: the optimizer's param groups, in order (each validated).
-        slot_groups: per slot, the index of its group; ``None`` exactly for frozen slots and
-            aliases.
+        slot_groups: per slot, the index of its group; ``None`` exactly for aliases and
+            frozen slots without an entry (a frozen slot with an entry has its group).
         entries: one :class:`~tlckpt.codec.OptimizerEntry` per representative slot that has
-            state (none for one that has not). Accessed one at a time in increasing slot
+            state (none for one that has not), and per frozen slot that kept state from
+            before it was frozen (version 2). Accessed one at a time in increasing slot
             order, so a lazy mapping can produce each host array on demand.
         random_counter: a u64 to store, or ``None``.
 
     Returns:
-        The version written.
+        The version written: 2 when a frozen slot has an entry (TorchLean's schema forbids
+        that, tlckpt's version 2 holds it), else 1.
 
     Raises:
         CheckpointError: invalid schema, groups, slot groups, entries or counter; nothing is
@@ -153,15 +166,16 @@ def write_optimizer_state(
     """
     check_schema(schema)
     _check_groups(groups)
-    _check_slot_groups(schema, slot_groups, len(groups))
+    slots = sorted(entries.keys())
+    frozen = _check_slot_groups(schema, slot_groups, len(groups), frozenset(slots))
     check_random_counter(random_counter)
     amsgrad = [g is not None and groups[g].amsgrad for g in slot_groups]
-    owners = schema.representative_set
-    slots = sorted(entries.keys())
+    owners = schema.representative_set.union(frozen)
     strays = [s for s in slots if s not in owners]
     if strays:
         raise EntryError(
-            f"entries are for representative slots only; not representative: {strays}",
+            "entries are for representative slots only (and frozen slots with a group);"
+            f" not representative: {strays}",
             actual=strays,
             expected=sorted(owners),
         )
@@ -170,9 +184,11 @@ def write_optimizer_state(
     if isinstance(entries, dict):
         checked = {s: _check_entry(s, entries[s], schema, amsgrad[s])[0] for s in slots}
 
-    spec = registry.lookup(OPTIMIZER_MAGIC, WRITTEN_VERSION)
+    # Version 1 unless a frozen slot keeps state: files version 1 holds stay byte-identical.
+    version = FROZEN_STATE_VERSION if frozen else WRITTEN_VERSION
+    spec = registry.lookup(OPTIMIZER_MAGIC, version)
     if spec is None:  # pragma: no cover - registered by tlckpt.formats itself
-        raise CheckpointError(f"TLCKOPT version {WRITTEN_VERSION} is not registered")
+        raise CheckpointError(f"TLCKOPT version {version} is not registered")
     values = {
         **counter_values(random_counter),
         "group_count": len(groups),
@@ -184,4 +200,4 @@ def write_optimizer_state(
     }
     with output(path) as f:
         build_spec(f, spec.struct, values)
-    return WRITTEN_VERSION
+    return version

@@ -11,7 +11,9 @@ a ``TLADAMF`` load accepts, and whether a ``TLCKOPT`` destination can take a ``T
 * that config is one TorchLean has: no ``torch.optim.Adam`` with (L2) weight decay, an eps
   that is positive and finite in the moment dtype, finite betas and weight decay;
 * the moments are float32 or float64, one dtype for every trainable slot;
-* every trainable slot (representative slot) has state.
+* every trainable slot (representative slot) has state, and no frozen slot has (TorchLean's
+  schema forbids a frozen slot owning state; torch keeps a parameter's state when it is
+  frozen, as gradual unfreezing does).
 
 Anything else is tlckpt's own family (:mod:`tlckpt.formats.tlckpt_optimizer`).
 """
@@ -104,9 +106,11 @@ def torchlean_fit(
     Args:
         schema: the parameter schema.
         groups: the optimizer's param groups, in order.
-        slot_groups: per slot, the index of its group (``None`` for frozen slots, aliases).
+        slot_groups: per slot, the index of its group (``None`` for aliases and for frozen
+            slots that cannot hold state).
         dtypes: per slot, its moment dtype's name (the parameter's dtype), ``None`` if unknown.
-        has_state: whether a representative slot has state (``None``: all have).
+        has_state: whether a slot that has a group has state (``None``: every representative
+            slot has, no frozen slot has).
         label: how messages name a slot.
 
     Returns:
@@ -181,6 +185,17 @@ def torchlean_fit(
                 )
                 for i in missing
             ]
+    if has_state is not None:
+        misfits += [
+            Misfit(
+                f"frozen {label(i)} has optimizer state (kept from before it was frozen);"
+                " TorchLean's TLADAMF versions forbid a frozen slot owning state, so only"
+                " tlckpt's own TLCKOPT family keeps it",
+                f"slot {i}",
+            )
+            for i, g in enumerate(slot_groups)
+            if g is not None and schema.representative(i) is None and has_state(i)
+        ]
     return TorchLeanFit(config, dtype is not None, tuple(misfits))
 
 

@@ -47,6 +47,7 @@ from .state_bits import ENCODINGS, BinaryFormat, ComplexFormat, encoding_by_name
 from .tlckpt_optimizer import (
     OPTIMIZER_ENTRY,
     OPTIMIZER_V1,
+    OPTIMIZER_V2,
     OPTIMIZER_VERSIONS,
     PARAM_GROUP,
     MomentTag,
@@ -76,6 +77,7 @@ __all__ = [
     "OPTIMIZER_ENTRY",
     "OPTIMIZER_MAGIC",
     "OPTIMIZER_V1",
+    "OPTIMIZER_V2",
     "OPTIMIZER_VERSIONS",
     "PARAM_GROUP",
     "Payload",

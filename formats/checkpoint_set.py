@@ -45,7 +45,7 @@ The member digests are BLAKE3 keyed with a member key derived from the caller's 
 ``mac`` is BLAKE3 keyed with a manifest key over the manifest's exact bytes before
 :data:`MAC_SUFFIX_PREFIX` (everything but the MAC); ``key_id`` names the key without revealing
 it. The normative description — derivations, the order of the reader's checks, what the MAC
-binds and what it cannot show — is ``docs/format.md`` §6; the constants are here.
+binds and what it cannot show — is ``docs/format.md`` §7; the constants are here.
 
 Training state::
 

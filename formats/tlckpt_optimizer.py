@@ -5,8 +5,9 @@ is not ``TLADAMF``, so no TorchLean reader mistakes one of its files for its own
 ``save_optimizer`` writes it only when an optimizer's state does not fit any ``TLADAMF``
 version: param groups whose kind, betas, eps or weight decay differ, ``amsgrad``,
 ``maximize``, ``torch.optim.Adam`` with (L2) weight decay, moments of another dtype than
-float32/float64 or of several dtypes, trainable parameters without state yet. Whenever the
-state fits, the file is TorchLean's version, byte for byte as TorchLean writes it.
+float32/float64 or of several dtypes, trainable parameters without state yet, frozen
+parameters with state. Whenever the state fits, the file is TorchLean's version, byte for
+byte as TorchLean writes it.
 
 A file holds what TorchLean's version 5 holds (the optional random counter, TorchLean's schema
 block and representatives block, unchanged) and in addition: the table of param groups, with
@@ -15,18 +16,24 @@ TorchLean's config) and the learning rate at the time of the save; each slot's g
 entry its moment dtype (float32, float64, bfloat16 as its uint16 storage words, float16) and,
 where its group has amsgrad, ``max_exp_avg_sq``. Entries exist only for slots that have state,
 in increasing slot order: a trainable slot without state yet (a parameter that has never had
-a gradient in an optimizer step) simply has no entry. Execution settings (``foreach``,
-``fused``, ``capturable``, ``differentiable``) are not stored: a load installs the state in
-the form the live optimizer's own settings expect.
+a gradient in an optimizer step) simply has no entry. A frozen parameter that kept its state
+(torch keeps it when a layer is frozen, as gradual unfreezing does) has an entry and a group
+from version 2 on: TorchLean's schema forbids a frozen slot owning state, so ``save_optimizer``
+writes this family for it. Execution settings (``foreach``, ``fused``, ``capturable``,
+``differentiable``) are not stored: a load installs the state in the form the live
+optimizer's own settings expect.
 
 How versions evolve: a new version is a new named spec in this module, registered beside the
 others (``OPTIMIZER_VERSIONS``, ``formats/registry.py``). Readers keep every registered
-version, so every file ever written stays readable; the writer writes ``WRITTEN_VERSION``.
+version, so every file ever written stays readable; the writer writes ``WRITTEN_VERSION``,
+or ``FROZEN_STATE_VERSION`` when a frozen slot has state (the only thing version 1 cannot
+hold), so a file version 1 holds is written as version 1, byte for byte.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 from construct import Array, If, Struct, this
@@ -45,8 +52,14 @@ __all__ = [
     "PARAM_GROUP",
     "OPTIMIZER_ENTRY",
     "OPTIMIZER_V1",
+    "OPTIMIZER_V2",
     "OPTIMIZER_VERSIONS",
     "WRITTEN_VERSION",
+    "FROZEN_STATE_VERSION",
+    "SLOT_GROUPS_V1",
+    "SLOT_GROUPS_V2",
+    "OptimizerLayout",
+    "layout_of",
     "GROUP_FLOATS",
     "GROUP_FLAGS",
     "MOMENTS",
@@ -164,7 +177,8 @@ OPTIMIZER_ENTRY = Struct(
         expected="a slot with a param group (slot_groups[id] > 0)",
         category="entry",
     )
-    * "parameter slot (a representative slot), increasing from entry to entry",
+    * "parameter slot (a representative slot; from v2 also a frozen slot with a group),"
+    " increasing from entry to entry",
     "step"
     / Valid(U64, lambda v, _: v >= 1, expected=">= 1", category="entry")
     * "Adam step counter t of that slot",
@@ -187,26 +201,81 @@ OPTIMIZER_ENTRY = Struct(
 #: The moment payloads of an entry, in file order.
 MOMENTS = ("m", "v", "max_exp_avg_sq")
 
-#: v1: TorchLean v5's content plus param groups, each slot's group, per-entry moment dtypes,
-#: amsgrad's ``max_exp_avg_sq``, and no entry for a slot without state.
-OPTIMIZER_V1 = Struct(
-    *framed(OPTIMIZER_MAGIC, 1),
+_HEADER = (
     *OPTIONAL_COUNTER,
     "group_count" / U64 * "number of param groups: the optimizer's param_groups, in order",
     "groups" / Array(this.group_count, PARAM_GROUP) * "one record per param group",
     *schema_fields(),
-    "slot_groups"
-    / Array(this.schema.slot_count, U64)
-    * "per slot: g + 1 for a representative slot in param group g, 0 for the others",
-    "entry_count" / U64 * "slots that have state: at most the representative slots",
-    "entries"
-    / Array(this.entry_count, OPTIMIZER_ENTRY)
-    * "in increasing id; a slot without state has no entry",
 )
 
-OPTIMIZER_VERSIONS = {1: OPTIMIZER_V1}
-#: The version writers produce.
+#: v1's slot groups: only representative slots have a group (and so an entry).
+SLOT_GROUPS_V1 = (
+    "slot_groups"
+    / Array(this.schema.slot_count, U64)
+    * "per slot: g + 1 for a representative slot in param group g, 0 for the others"
+)
+#: v2's slot groups: a frozen slot that has state has its group too.
+SLOT_GROUPS_V2 = (
+    "slot_groups"
+    / Array(this.schema.slot_count, U64)
+    * "per slot: g + 1 for a representative slot in param group g and for a frozen slot"
+    " that has state (an entry) in param group g; 0 for the others (aliases, frozen slots"
+    " without state)"
+)
+
+
+def _entries(owners: str) -> tuple:
+    return (
+        "entry_count" / U64 * f"slots that have state: at most {owners}",
+        "entries"
+        / Array(this.entry_count, OPTIMIZER_ENTRY)
+        * "in increasing id; a slot without state has no entry",
+    )
+
+
+#: v1: TorchLean v5's content plus param groups, each slot's group, per-entry moment dtypes,
+#: amsgrad's ``max_exp_avg_sq``, and no entry for a slot without state.
+OPTIMIZER_V1 = Struct(
+    *framed(OPTIMIZER_MAGIC, 1),
+    *_HEADER,
+    SLOT_GROUPS_V1,
+    *_entries("the representative slots"),
+)
+
+#: v2: v1's layout, and a frozen slot may keep state (an entry, under its param group):
+#: torch keeps a parameter's moments when it is frozen (gradual unfreezing) and uses them again
+#: once it is unfrozen; TorchLean's schema forbids a frozen slot owning state. Written only
+#: when a frozen slot has state, so every other file stays version 1, byte for byte.
+OPTIMIZER_V2 = Struct(
+    *framed(OPTIMIZER_MAGIC, 2),
+    *_HEADER,
+    SLOT_GROUPS_V2,
+    *_entries("the representative slots and the frozen slots with a group"),
+)
+
+OPTIMIZER_VERSIONS = {1: OPTIMIZER_V1, 2: OPTIMIZER_V2}
+#: The version writers produce when no frozen slot has state.
 WRITTEN_VERSION = 1
+#: The version writers produce when a frozen slot has state.
+FROZEN_STATE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class OptimizerLayout:
+    """What a version can hold, read off its fields (not declared a second time).
+
+    Attributes:
+        frozen_state: whether a frozen slot may have a param group and an entry.
+    """
+
+    frozen_state: bool
+
+
+def layout_of(spec: Struct) -> OptimizerLayout:
+    """Derive a ``TLCKOPT`` version's capabilities from its spec's fields."""
+    slot_groups = [sc for sc in spec.subcons if sc.name == "slot_groups"]
+    return OptimizerLayout(frozen_state=bool(slot_groups) and slot_groups[0] is SLOT_GROUPS_V2)
+
 
 # Spec paths readers act on. The schema blocks are TorchLean's, under TorchLean's names
 # (schema_fields), so their paths (SCHEMA, SLOTS, REPRESENTATIVES) are formats.schema's and
@@ -219,3 +288,6 @@ ENTRY_COUNT = field_path(OPTIMIZER_V1, "entry_count")
 ENTRIES = field_path(OPTIMIZER_V1, "entries")
 for _name in MOMENTS:
     field_path(OPTIMIZER_V1, "entries", _name)
+for _path in (GROUP_COUNT, GROUPS, SLOT_GROUPS, ENTRY_COUNT, ENTRIES):
+    # Every version stores these fields under the same paths: the readers dispatch on them.
+    field_path(OPTIMIZER_V2, *_path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -56,6 +57,10 @@ class AdamBinding:
         group_configs: every param group's hyperparameters, in order.
         dtypes: per slot, its parameter's dtype name (the moment dtype).
         config: the TorchLean config (:func:`bind_adam`), or ``None`` (:func:`bind_optimizer`).
+        frozen_group_index: per slot, for a frozen slot the index of the param group managing
+            its tensor (the first slot of that tensor: torch keys state by tensor), where
+            state it kept from before it was frozen lives; ``None`` for the other slots, and
+            for a frozen tensor the optimizer does not manage.
     """
 
     optimizer: torch.optim.Optimizer
@@ -65,14 +70,37 @@ class AdamBinding:
     group_configs: tuple[ParamGroupConfig, ...]
     dtypes: tuple[str, ...]
     config: AdamConfig | None = None
+    frozen_group_index: tuple[int | None, ...] = ()
+
+    @cached_property  # asked once per slot by a load: computed once
+    def state_group_index(self) -> tuple[int | None, ...]:
+        """Per slot, the index of the param group its state would live in: ``group_index``,
+        and ``frozen_group_index`` for frozen slots (``None``: the slot holds no state)."""
+        if not self.frozen_group_index:
+            return self.group_index
+        return tuple(
+            g if g is not None else f for g, f in zip(self.group_index, self.frozen_group_index)
+        )
+
+    @cached_property
+    def state_slots(self) -> tuple[int, ...]:
+        """The slots that may hold state, ascending: the representative slots, and the
+        frozen slots whose tensor the optimizer manages (state from before the freeze)."""
+        return tuple(i for i, g in enumerate(self.state_group_index) if g is not None)
+
+    def group_of(self, slot: int) -> dict[str, Any] | None:
+        """The param group that holds the state of ``slot`` (``None``: none)."""
+        index = self.state_group_index[slot]
+        return None if index is None else self.optimizer.param_groups[index]
 
     def fit(self, has_state: Callable[[int], bool] | None = None) -> TorchLeanFit:
-        """Whether the state fits TorchLean's versions (``has_state``: whether a
-        representative slot has state; ``None``: all have)."""
+        """Whether the state fits TorchLean's versions (``has_state``: whether a slot of
+        :attr:`state_slots` has state; ``None``: every representative slot has, no frozen
+        one)."""
         return torchlean_fit(
             self.slots.schema,
             self.group_configs,
-            self.group_index,
+            self.state_group_index,
             self.dtypes,
             has_state=has_state,
             label=self.slots.label,
@@ -160,10 +188,17 @@ def bind_optimizer(
                     field=f"param_groups[{index}].params[{k}]",
                 )
     group_index: list[int | None] = []
+    frozen_group_index: list[int | None] = [None] * len(slots.tensors)
+    seen: set[int] = set()  # tensors of earlier slots: a tied frozen tensor's state is one
     for i, t in enumerate(slots.tensors):
         r = schema.representative(i)
+        first = id(t) not in seen
+        seen.add(id(t))
         if r is None:
             group_index.append(None)
+            # Frozen: torch keeps the state it had before the freeze (gradual unfreezing).
+            if first:
+                frozen_group_index[i] = index_of.get(id(t))
             continue
         if r != i:
             if t is not slots.tensors[r] and id(t) in index_of:
@@ -185,7 +220,15 @@ def bind_optimizer(
         _group_config(optimizer, index, group) for index, group in enumerate(optimizer.param_groups)
     )
     groups = tuple(None if g is None else optimizer.param_groups[g] for g in group_index)
-    return AdamBinding(optimizer, slots, groups, tuple(group_index), configs, dtypes)
+    return AdamBinding(
+        optimizer,
+        slots,
+        groups,
+        tuple(group_index),
+        configs,
+        dtypes,
+        frozen_group_index=tuple(frozen_group_index),
+    )
 
 
 def bind_adam(optimizer: torch.optim.Optimizer, module_or_params: ModuleOrParams) -> AdamBinding:
@@ -207,6 +250,7 @@ def bind_adam(optimizer: torch.optim.Optimizer, module_or_params: ModuleOrParams
         binding.group_configs,
         binding.dtypes,
         config,
+        binding.frozen_group_index,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..codec.errors import CheckpointError, ConfigError, EntryError
+from ..codec.optimizer_types import MOMENT_DTYPE_NAMES
 from ..formats.tlckpt_optimizer import MOMENTS
 from .adam_binding import AdamBinding, step_tensor, step_value
 from .dtensors import is_dtensor, like_dtensor
@@ -39,7 +40,7 @@ def item(slot: int, field: str) -> int:
 
 
 def _amsgrad(binding: AdamBinding, slot: int) -> bool:
-    group = binding.groups[slot]
+    group = binding.group_of(slot)
     return bool(group is not None and group.get("amsgrad", False))
 
 
@@ -52,15 +53,25 @@ class SlotState:
 
 
 def checked_states(binding: AdamBinding) -> dict[int, SlotState]:
-    """Each representative slot that has state (ascending): its step, after checking that
-    its state is complete and typed like its parameter."""
+    """Each slot that has state (ascending): its step, after checking that its state is
+    complete and typed like its parameter. Representative slots, and frozen slots that kept
+    the state they had before they were frozen (:attr:`AdamBinding.state_slots`)."""
     slots, state = binding.slots, binding.optimizer.state
     states: dict[int, SlotState] = {}
-    for i in slots.schema.representative_slots:
+    for i in binding.state_slots:
         p = slots.tensors[i]
         entry = state.get(p)
         if not entry:
             continue  # no state yet: no entry (TLCKOPT), or a refusal (TLADAMF)
+        if binding.dtypes[i] not in MOMENT_DTYPE_NAMES:  # checked for trainable slots already
+            raise ConfigError(
+                f"frozen {slots.label(i)} is {p.dtype} and has optimizer state: Adam moments"
+                f" of that dtype cannot be stored (tlckpt holds {', '.join(MOMENT_DTYPE_NAMES)}"
+                " moments)",
+                field=f"slot {i}",
+                actual=binding.dtypes[i],
+                expected=MOMENT_DTYPE_NAMES,
+            )
         keeps_max = _amsgrad(binding, i)
         keys = STATE_KEYS if keeps_max else STATE_KEYS[:2]
         for key in ("step", *keys):
@@ -108,7 +119,7 @@ def new_state(
     slots = binding.slots
     by_param: dict[int, dict] = {}
     for i, step in steps.items():
-        p, group = slots.tensors[i], binding.groups[i]
+        p, group = slots.tensors[i], binding.group_of(i)
         if group is None:  # pragma: no cover - the readers accept entries of owners only
             raise CheckpointError(f"{slots.label(i)} has no param group")
         keys = STATE_KEYS if _amsgrad(binding, i) else STATE_KEYS[:2]

@@ -49,11 +49,13 @@ def save_optimizer(
     When the state fits one of TorchLean's ``TLADAMF`` versions — one config (kind, betas,
     eps, weight decay) for every param group that manages a trainable parameter, no amsgrad,
     no maximize, float32 or float64 moments of one dtype, state for every trainable
-    parameter — the file is that version, byte-identical to what TorchLean writes: float64
-    moments → 5; else a random counter → 4; else tied parameters → 3; else 2. Otherwise it is
-    tlckpt's own ``TLCKOPT`` family (version 1), which TorchLean cannot read: per-group
-    hyperparameters, amsgrad's ``max_exp_avg_sq``, bfloat16/float16 moments, parameters
-    without state yet. ``inspect(path)["family"]`` says which (``"adam"`` or
+    parameter, none for a frozen one — the file is that version, byte-identical to what
+    TorchLean writes: float64 moments → 5; else a random counter → 4; else tied parameters →
+    3; else 2. Otherwise it is tlckpt's own ``TLCKOPT`` family, which TorchLean cannot read:
+    per-group hyperparameters, amsgrad's ``max_exp_avg_sq``, bfloat16/float16 moments,
+    parameters without state yet (version 1); and a frozen parameter's state, kept from
+    before it was frozen as torch keeps it (version 2: TorchLean's schema forbids a frozen
+    slot owning state). ``inspect(path)["family"]`` says which (``"adam"`` or
     ``"tlckpt_optimizer"``).
 
     The learning rate is not part of a ``TLADAMF`` file; a ``TLCKOPT`` file records each
@@ -72,7 +74,7 @@ def save_optimizer(
         require_torchlean: refuse to write anything TorchLean cannot read.
 
     Returns:
-        The version written: 2 to 5 (``TLADAMF``) or 1 (``TLCKOPT``).
+        The version written: 2 to 5 (``TLADAMF``) or 1 to 2 (``TLCKOPT``).
 
     Raises:
         CheckpointError: a refusal (not Adam, a parameter the optimizer and the module
@@ -109,11 +111,14 @@ def load_optimizer(
     optimizer's own (kind, betas, eps, weight decay bit for bit, in every group; moment dtype
     = the parameters' dtype). A ``TLCKOPT`` file's param groups must be the optimizer's: as
     many, each slot in the same group, every hyperparameter but the learning rate equal bit
-    for bit, each entry's moment dtype its parameter's. The whole file is read and checked
-    into new tensors on each parameter's device, then the optimizer's state is replaced for
-    all parameters at once (``step`` in the dtype and on the device that the optimizer's own
-    ``step`` expects for its foreach / fused / capturable settings; a parameter without an
-    entry gets no state). The learning rate is left as the optimizer has it.
+    for bit, each entry's moment dtype its parameter's; a frozen parameter's state (version 2)
+    goes to the group that manages it, which must be the file's. The file's ``requires_grad``
+    flags must be the parameters' (freeze the same parameters before loading). The whole file
+    is read and checked into new tensors on each parameter's device, then the optimizer's
+    state is replaced for all parameters at once (``step`` in the dtype and on the device
+    that the optimizer's own ``step`` expects for its foreach / fused / capturable settings;
+    a parameter without an entry gets no state). The learning rate is left as the optimizer
+    has it.
 
     Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
     collective: every rank calls it and rank 0 alone opens the file (see

@@ -8,9 +8,11 @@ the codec writer or reader called and in what an entry holds.
 
 Saving decides the family from the binding (:meth:`~.adam_binding.AdamBinding.fit`): every
 slot with state, its step and its moments (``exp_avg``, ``exp_avg_sq``, and
-``max_exp_avg_sq`` where its group has amsgrad). Then it streams one representative slot at
-a time: the codec asks for a slot's entry, and its moments arrive (gathered, when sharded)
-and are written before the next (device moments through reusable pinned host buffers).
+``max_exp_avg_sq`` where its group has amsgrad). A frozen slot whose parameter kept its state
+(torch keeps it through a freeze) is one of them: its file is ``TLCKOPT`` version 2. Then it
+streams one slot at a time: the codec asks for a slot's entry, and its moments arrive
+(gathered, when sharded) and are written before the next (device moments through reusable
+pinned host buffers).
 
 Loading reads the file once, whichever family its magic names: the codec checks every rule
 as it goes (a ``TLADAMF`` file against the optimizer's one TorchLean config, a ``TLCKOPT``
@@ -77,7 +79,7 @@ def _layout(kind: str, binding: AdamBinding, extra: Any = None) -> bytes:
         for g in binding.group_configs
     ]
     return fingerprint(
-        kind, described, slots.schema.representatives, binding.group_index, settings, extra
+        kind, described, slots.schema.representatives, binding.state_group_index, settings, extra
     )
 
 
@@ -194,8 +196,13 @@ def save(
             take,
             lambda slot, step, m: OptimizerEntry(step, dtypes[slot], *m),
         )
+        # A frozen slot names its group only when it kept state (then the file is version 2).
+        slot_groups = [
+            g if binding.group_index[i] is not None or i in states else None
+            for i, g in enumerate(binding.state_group_index)
+        ]
         return write_optimizer_state(
-            path, schema, binding.group_configs, binding.group_index, entries, random_counter
+            path, schema, binding.group_configs, slot_groups, entries, random_counter
         )
 
     # The codec holds one entry's moments at a time: m and v (and max_exp_avg_sq).
@@ -262,7 +269,7 @@ def _read(binding: AdamBinding, path: PathOrFile, receiver: Receiver) -> dict[st
                 src.file,
                 schema,
                 groups=binding.group_configs,
-                slot_groups=binding.group_index,
+                slot_groups=binding.state_group_index,
                 dtypes=binding.dtypes,
                 sink=sink,
             )

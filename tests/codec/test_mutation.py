@@ -144,6 +144,14 @@ def _own_samples() -> Iterator[Sample]:
         reader = _own_reader(schema, groups, slot_groups, dtypes)
         name = f"written_tlckopt_counter{counter}"
         yield Sample(name, buffer.getvalue(), reader, _own_rewrite(schema))
+    # Version 2: frozen slot 2 kept its state (amsgrad's group: three moments).
+    frozen_groups = (0, None, 1, 1, 0, 1, 0)
+    kept = {**entries, 2: OptimizerEntry(5, "float32", *moments(4, "float32", 3))}
+    buffer = io.BytesIO()
+    assert write_optimizer_state(buffer, schema, groups, frozen_groups, kept, 12) == 2
+    dtypes = tuple(kept[i].dtype if i in kept else None for i in range(len(schema)))
+    reader = _own_reader(schema, groups, frozen_groups, dtypes)
+    yield Sample("written_tlckopt_v2_frozen_state", buffer.getvalue(), reader, _own_rewrite(schema))
 
 
 def _written_samples() -> Iterator[Sample]:
