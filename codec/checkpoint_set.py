@@ -51,11 +51,12 @@ from .set_folders import (
     check_step,
     committed_steps,
     library_name,
+    not_regular_member,
     read_manifest,
     retention_victims,
     set_path,
 )
-from .source import FileStamp
+from .source import FileStamp, open_regular
 
 __all__ = [
     "SkippedCheckpointWarning",
@@ -166,7 +167,9 @@ class VerifiedSet:
             for role, record in manifest.members.items():
                 path = folder / record.file
                 try:
-                    f = stack.enter_context(open(path, "rb"))
+                    f = stack.enter_context(
+                        open_regular(path, not_regular_member(role, record.file))
+                    )
                 except FileNotFoundError:
                     raise IntegrityError(
                         f"member {role} ({record.file}) is missing",
@@ -188,7 +191,9 @@ class VerifiedSet:
                 verified.members[role] = _Opened(record, path, f, stamp)
             for role, opened in verified.members.items():
                 if streaming and role != "training_state" and opened.record.size > _INLINE_BYTES:
-                    opened.reader = DigestingReader(opened.file, getattr(opened.file, "name", None))
+                    opened.reader = DigestingReader(
+                        opened.file, getattr(opened.file, "name", None), opened.record.size
+                    )
                 else:
                     _compare(
                         role,

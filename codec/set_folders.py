@@ -20,12 +20,14 @@ from ..formats.checkpoint_set import (
 )
 from .errors import CheckpointError, FileTooLargeError, IntegrityError
 from .set_documents import Manifest, parse_manifest
+from .source import open_regular
 
 __all__ = [
     "library_name",
     "check_step",
     "set_path",
     "read_manifest",
+    "not_regular_member",
     "committed_steps",
     "candidate_steps",
     "retention_victims",
@@ -60,8 +62,28 @@ def set_path(directory: str | os.PathLike, step: int) -> Path:
     return Path(directory) / folder_name(check_step(step))
 
 
+def not_regular_member(role: str, file: str) -> Any:
+    """The ``refuse`` of :func:`~.source.open_regular` for a set's ``file`` (its member
+    ``role``, or ``"manifest"``): an :class:`IntegrityError` naming it (``check="regular
+    file"``) — a FIFO or a device in a set was put there by someone, and would block or
+    never end."""
+
+    def refuse(path: str, kind: str) -> CheckpointError:
+        what = "the manifest" if role == "manifest" else f"member {role} ({file})"
+        return IntegrityError(
+            f"{what} is not a regular file ({kind})",
+            check="regular file",
+            path=path,
+            field="manifest" if role == "manifest" else f"members.{role}",
+            actual=kind,
+            expected="a regular file",
+        )
+
+    return refuse
+
+
 def _read_bounded(path: str, limit: int, what: str) -> bytes:
-    with open(path, "rb") as f:
+    with open_regular(path, not_regular_member(what, os.path.basename(path))) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise FileTooLargeError(
@@ -78,7 +100,8 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
     """The checked manifest of the set in ``folder``.
 
     Raises:
-        IntegrityError: there is no manifest (the set was never committed).
+        IntegrityError: there is no manifest (the set was never committed), or it is not a
+            regular file (a FIFO, a device: refused before a byte is read).
         CheckpointError: the manifest is malformed (the subclass says how), or its step is
             not the folder's.
     """
