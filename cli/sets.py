@@ -3,7 +3,8 @@
 
 ``ls`` lists every set folder of a directory, oldest first: its step, its size (the members'
 bytes, manifest included), and whether it verifies — or why not (the member and the check);
-leftovers of killed saves are counted. ``verify`` checks one set completely
+leftovers of killed saves are counted, and entries named like a set that are not one (a
+step above 2**64 - 1, a file, a FIFO) are named as skipped. ``verify`` checks one set completely
 (:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`).
 """
 
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..codec.atomic import is_library_temporary
-from ..codec.checkpoint_set import candidate_steps, set_path, verify_checkpoint
+from ..codec.checkpoint_set import scan_sets, set_path, verify_checkpoint
 from ..codec.errors import CheckpointError
 from ..formats.checkpoint_set import MANIFEST_FILE
 from .describe import table
@@ -50,7 +51,8 @@ def list_sets(directory: str | os.PathLike) -> str:
     directory = Path(directory)
     names = os.listdir(directory)  # raises for a missing directory
     rows = []
-    for step in candidate_steps(directory):
+    steps, strays = scan_sets(directory)
+    for step in steps:
         folder = set_path(directory, step)
         try:
             manifest = verify_checkpoint(folder)
@@ -68,6 +70,7 @@ def list_sets(directory: str | os.PathLike) -> str:
     if leftovers:
         count = len(leftovers)
         lines.append(f"{count} leftover(s) of interrupted saves (removed by the next save)")
+    lines.extend(f"skipped {name}: not a checkpoint set ({why})" for name, why in strays)
     return "\n".join(lines)
 
 

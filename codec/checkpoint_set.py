@@ -47,6 +47,7 @@ from .set_digests import (
 )
 from .set_documents import Manifest, MemberRecord, TrainingState, parse_training_state
 from .set_folders import (
+    SkippedCheckpointWarning,
     candidate_steps,
     check_step,
     committed_steps,
@@ -54,6 +55,7 @@ from .set_folders import (
     not_regular_member,
     read_manifest,
     retention_victims,
+    scan_sets,
     set_path,
 )
 from .source import FileStamp, open_regular
@@ -68,6 +70,7 @@ __all__ = [
     "set_path",
     "committed_steps",
     "candidate_steps",
+    "scan_sets",
     "read_manifest",
     "latest_verified",
     "clean_leftovers",
@@ -80,11 +83,6 @@ __all__ = [
     "PARALLEL_DIGEST_BYTES",
     "GAP_BYTES",
 ]
-
-
-class SkippedCheckpointWarning(UserWarning):
-    """A checkpoint set was passed over because it does not verify; the message names the
-    set, the member and the check that failed."""
 
 
 def _compare(role: str, path: Path, record: MemberRecord, digest: str, length: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,26 @@ from ..formats.checkpoint_set import (
 )
 from .errors import CheckpointError, FileTooLargeError, IntegrityError
 from .set_documents import Manifest, parse_manifest
-from .source import open_regular
+from .source import file_kind, open_regular
 
 __all__ = [
+    "SkippedCheckpointWarning",
     "library_name",
     "check_step",
     "set_path",
     "read_manifest",
     "not_regular_member",
     "committed_steps",
+    "scan_sets",
     "candidate_steps",
     "retention_victims",
 ]
+
+
+class SkippedCheckpointWarning(UserWarning):
+    """A checkpoint set was passed over because it does not verify (the message names the
+    set, the member and the check that failed), or an entry named like a set is not one
+    (the message names it)."""
 
 
 @functools.cache
@@ -134,32 +143,71 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
 
 def committed_steps(directory: str | os.PathLike) -> list[int]:
     """The steps of the committed sets in ``directory`` (a ``step-…`` folder whose manifest
-    parses), ascending. A missing directory has none."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
+    parses), ascending. A missing directory has none; entries that are not sets are named
+    in a warning (:func:`candidate_steps`)."""
     steps = []
-    for name in sorted(names):
-        match = FOLDER_PATTERN.fullmatch(name)
-        if match is None:
-            continue
+    for step in candidate_steps(directory):
         try:
-            read_manifest(os.path.join(directory, name))
+            read_manifest(set_path(directory, step))
         except (CheckpointError, OSError):
             continue
-        steps.append(int(match.group(1)))
+        steps.append(step)
     return steps
 
 
-def candidate_steps(directory: str | os.PathLike) -> list[int]:
-    """Every ``step-…`` folder, committed or not (a folder without a manifest is named in a
-    warning too: someone made or damaged it)."""
+def scan_sets(directory: str | os.PathLike) -> tuple[list[int], list[tuple[str, str]]]:
+    """Every ``step-…`` folder of ``directory``, committed or not, and the entries named like
+    one that are not (a step above 2**64 - 1, a regular file, a FIFO): someone put them there.
+
+    Args:
+        directory: a checkpoint directory.
+
+    Returns:
+        The folders' steps, ascending (none for a missing directory), and each stray entry's
+        name and what it is, by name.
+
+    Raises:
+        OSError: the directory cannot be listed (other than missing).
+    """
     try:
-        names = os.listdir(directory)
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in map(FOLDER_PATTERN.fullmatch, names) if m)
+        return [], []
+    steps, strays = [], []
+    for entry in sorted(entries, key=lambda e: e.name):
+        match = FOLDER_PATTERN.fullmatch(entry.name)
+        if match is None:
+            continue
+        step = int(match.group(1))
+        if step > STEP_MAX:
+            strays.append((entry.name, "its step is above 2**64 - 1"))
+            continue
+        try:
+            # A symlink is judged by what it points to: that is what a reader would open.
+            is_folder = entry.is_dir()
+            kind = "a folder" if is_folder else file_kind(entry.stat().st_mode)
+        except OSError as exc:  # vanished, or a dangling symlink
+            is_folder, kind = False, f"unreadable ({exc.strerror or exc})"
+        if not is_folder:
+            strays.append((entry.name, f"it is {kind}, not a folder"))
+            continue
+        steps.append(step)
+    return steps, strays
+
+
+def candidate_steps(directory: str | os.PathLike) -> list[int]:
+    """Every ``step-…`` folder, committed or not, ascending (a folder without a manifest is
+    named in a warning too: someone made or damaged it). An entry named like a set that is
+    not one (:func:`scan_sets`) is passed over with a :class:`SkippedCheckpointWarning`
+    naming it, never fatal."""
+    steps, strays = scan_sets(directory)
+    for name, why in strays:
+        warnings.warn(
+            f"{os.path.join(os.fspath(directory), name)} is not a checkpoint set ({why}); skipped",
+            SkippedCheckpointWarning,
+            stacklevel=2,
+        )
+    return steps
 
 
 def retention_victims(

@@ -89,3 +89,16 @@ def test_ls_and_verify_of_a_set_with_a_fifo(tmp_path: Path, member: str) -> None
     verify = tlckpt_cli("verify", new)
     assert verify.returncode == 1
     assert "IntegrityError" in verify.stderr and "not a regular file (a FIFO)" in verify.stderr
+
+
+def test_ls_skips_stray_entries_and_names_them(tmp_path: Path) -> None:
+    _sets(tmp_path, [1])
+    (tmp_path / "step-99999999999999999999").mkdir()
+    (tmp_path / "step-00000000000000000099").write_bytes(b"not a set")
+    os.mkfifo(tmp_path / "step-00000000000000000098")
+    listing = tlckpt_cli("ls", tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    assert f"{tmp_path}: 1 set(s)" in listing.stdout
+    assert "verified (" in listing.stdout
+    for name in ("99999999999999999999", "00000000000000000099", "00000000000000000098"):
+        assert f"step-{name}" in listing.stdout + listing.stderr
