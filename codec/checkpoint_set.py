@@ -26,10 +26,10 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from ..formats.checkpoint_set import MAX_TRAINING_STATE_BYTES
 from .errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
@@ -73,6 +73,8 @@ __all__ = [
     "scan_sets",
     "read_manifest",
     "latest_verified",
+    "newest_usable",
+    "RELISTS",
     "clean_leftovers",
     "remove_set",
     "retention_victims",
@@ -313,21 +315,72 @@ def verify_checkpoint(path: str | os.PathLike) -> Manifest:
         return verified.manifest
 
 
+_T = TypeVar("_T")
+
+#: How many times the newest usable set is looked for in a fresh listing, when sets vanish
+#: while they are tried (another process's retention removes them, its save commits newer
+#: ones); a bound, so that a directory that changes without end is not looked at forever.
+RELISTS = 8
+
+
+def newest_usable(
+    directory: str | os.PathLike,
+    attempt: Callable[[int], _T],
+    unusable: tuple[type[BaseException], ...],
+    *,
+    warn: bool = True,
+    reason: Callable[[BaseException], BaseException] = lambda exc: exc,
+) -> tuple[int, _T] | None:
+    """The newest step of ``directory`` for which ``attempt`` succeeds, and its result.
+
+    Steps are tried newest first. One whose ``attempt`` raises one of ``unusable`` is passed
+    over (named in a :class:`SkippedCheckpointWarning` with ``reason(exc)``, when ``warn``) —
+    unless its folder is gone by then: another process removed it meanwhile, and may have
+    committed newer sets, so the directory is listed again (at most :data:`RELISTS` times)
+    and the steps not yet passed over are tried anew.
+
+    Args:
+        directory: a checkpoint directory.
+        attempt: what to do with a step (open it, restore it).
+        unusable: what ``attempt`` raises for a step to pass over.
+        warn: warn about each step passed over.
+        reason: what a warning names, from the exception caught.
+
+    Returns:
+        ``(step, result)``, or ``None`` when no step is usable.
+    """
+    passed_over: set[int] = set()
+    for _ in range(RELISTS):
+        for step in reversed(candidate_steps(directory)):
+            if step in passed_over:
+                continue
+            try:
+                return step, attempt(step)
+            except unusable as exc:
+                if not os.path.lexists(set_path(directory, step)):
+                    break  # removed while it was tried: look again
+                passed_over.add(step)
+                if warn:
+                    warn_skipped(step, reason(exc))
+        else:
+            return None  # every listed step was tried
+    return None
+
+
 def latest_verified(directory: str | os.PathLike, *, warn: bool = True) -> int | None:
     """The newest committed set in ``directory`` that verifies, or ``None``.
 
     Every set passed over on the way is named in a :class:`SkippedCheckpointWarning` (with
-    the member and the check), when ``warn``.
+    the member and the check), when ``warn``; sets removed meanwhile by another process are
+    not, and the directory is listed again (:func:`newest_usable`).
     """
-    for step in reversed(candidate_steps(directory)):
-        try:
-            with VerifiedSet.open(set_path(directory, step)) as verified:
-                verified.training_state()
-            return step
-        except (CheckpointError, OSError) as exc:
-            if warn:
-                warn_skipped(step, exc)
-    return None
+
+    def verifies(step: int) -> None:
+        with VerifiedSet.open(set_path(directory, step)) as verified:
+            verified.training_state()
+
+    found = newest_usable(directory, verifies, (CheckpointError, OSError), warn=warn)
+    return None if found is None else found[0]
 
 
 def warn_skipped(step: int, exc: BaseException) -> None:
