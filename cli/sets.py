@@ -18,6 +18,7 @@ from ..codec.checkpoint_set import scan_sets, set_path, verify_checkpoint
 from ..codec.errors import CheckpointError
 from ..formats.checkpoint_set import MANIFEST_FILE
 from .describe import table
+from .printable import printable
 
 __all__ = ["list_sets", "verify_set"]
 
@@ -39,7 +40,7 @@ def _human(nbytes: int) -> str:
 
 
 def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+    return printable(" ".join(str(text).split()))
 
 
 def list_sets(directory: str | os.PathLike) -> str:
@@ -87,7 +88,8 @@ def verify_set(path: str | os.PathLike) -> str:
     members = ", ".join(
         f"{m.file} ({m.family} v{m.version}, {_human(m.size)})" for m in manifest.members.values()
     )
+    # The library is any string a manifest holds: printed with its control characters shown.
     return (
-        f"{path}: ok (step {manifest.step}, {len(manifest.state)} state tensors,"
-        f" {_human(total)}; {members}; written by {manifest.library})"
+        f"{printable(path)}: ok (step {manifest.step}, {len(manifest.state)} state tensors,"
+        f" {_human(total)}; {members}; written by {printable(manifest.library)})"
     )

@@ -31,8 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from ..formats.checkpoint_set import MAX_TRAINING_STATE_BYTES
+from ..formats.checkpoint_set import (
+    MAX_TRAINING_STATE_BYTES,
+    MODEL_BITS_VERSION,
+    TRAINING_STATE_FAMILY,
+    TRAINING_STATE_VERSION,
+)
 from .errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
+from .families import JSON_FAMILY
 from .inspection import inspect
 
 # The parts of the protocol live in their own modules; this one verifies, and names them all.
@@ -111,6 +117,29 @@ def _compare(role: str, path: Path, record: MemberRecord, digest: str, length: i
             actual=digest,
             expected=record.digest,
         )
+
+
+def _check_record(role: str, path: Path, record: MemberRecord, family: Any, version: Any) -> None:
+    """Compare the family and version the manifest records for a member with what the
+    member's bytes are (its header, or the document's own tag).
+
+    Raises:
+        IntegrityError: they differ (``check="family"`` or ``"version"``).
+    """
+    for check, found, recorded in (
+        ("family", family, record.family),
+        ("version", version, record.version),
+    ):
+        if found != recorded:
+            raise IntegrityError(
+                f"member {role} ({record.file}) is {family} v{version}, the manifest records"
+                f" {record.family} v{record.version}",
+                check=check,
+                path=path,
+                field=f"members.{role}.{check}",
+                actual=found,
+                expected=recorded,
+            )
 
 
 #: With ``streaming``, members up to this size are still hashed when the set is opened:
@@ -230,6 +259,13 @@ class VerifiedSet:
             CheckpointError: malformed, or of another step.
         """
         opened = self.members["training_state"]
+        _check_record(
+            "training_state",
+            opened.path,
+            opened.record,
+            TRAINING_STATE_FAMILY,
+            TRAINING_STATE_VERSION,  # the only version parse_training_state accepts
+        )
         data = self.file("training_state").read(MAX_TRAINING_STATE_BYTES + 1)
         try:
             state = parse_training_state(data, MAX_TRAINING_STATE_BYTES)
@@ -265,8 +301,10 @@ def verify_checkpoint(path: str | os.PathLike) -> Manifest:
 
     The manifest is parsed and checked; every member must be present with the size and
     ``xxh3_128`` digest it records; the training-state document must parse and be of the
-    set's step; the model and optimizer members must be well-formed files of their family
-    (read through, payloads skipped) and the model's tensor shapes those of the manifest.
+    set's step; every member must be of the family and version the manifest records (the
+    model and optimizer members by their headers); the model and optimizer members must be
+    well-formed files (read through, payloads skipped) and the model's tensor shapes those
+    of the manifest.
 
     Args:
         path: the set's folder.
@@ -275,8 +313,9 @@ def verify_checkpoint(path: str | os.PathLike) -> Manifest:
         The set's manifest.
 
     Raises:
-        IntegrityError: a member is missing, or its size or digest differs from the
-            manifest's (the message names the member and the check).
+        IntegrityError: a member is missing or not a regular file, or its size, digest,
+            family or version differs from the manifest's (the message names the member and
+            the check).
         CheckpointError: the manifest, the training state or a member is malformed (the
             subclass and message say which and how).
         OSError: from the file system.
@@ -294,15 +333,10 @@ def verify_checkpoint(path: str | os.PathLike) -> Manifest:
                 info = inspect(verified.file(role))
             except CheckpointError as exc:
                 raise exc.with_path(Path(path) / record.file) from None
-            if info.get("family") != record.family:
-                raise CheckpointError(
-                    f"member {role} is a {info.get('family')} file, the manifest records"
-                    f" {record.family}",
-                    path=Path(path) / record.file,
-                    field=f"members.{role}.family",
-                    actual=info.get("family"),
-                    expected=record.family,
-                )
+            family = info.get("family")
+            # An exact-bits JSON file names its version in its format tag (all are v1).
+            version = info.get("version", MODEL_BITS_VERSION if family == JSON_FAMILY else None)
+            _check_record(role, Path(path) / record.file, record, family, version)
             if role == "model":
                 shapes = [tuple(t["shape"]) for t in info.get("tensors", [])]
                 if shapes != [shape for _, shape in verified.manifest.state]:

@@ -109,7 +109,8 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
     """The checked manifest of the set in ``folder``.
 
     Raises:
-        IntegrityError: there is no manifest (the set was never committed), or it is not a
+        IntegrityError: the folder does not exist, or there is no manifest (the set was
+            never committed), or it is not a
             regular file (a FIFO, a device: refused before a byte is read).
         CheckpointError: the manifest is malformed (the subclass says how), or its step is
             not the folder's.
@@ -119,6 +120,12 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
     try:
         data = _read_bounded(path, MAX_MANIFEST_BYTES, "manifest")
     except FileNotFoundError:
+        if not os.path.lexists(folder):
+            raise IntegrityError(
+                "no such checkpoint set: the folder does not exist",
+                check="present",
+                path=folder,
+            ) from None
         raise IntegrityError(
             "the set has no manifest: it was never committed",
             check="present",
