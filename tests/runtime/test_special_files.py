@@ -9,12 +9,20 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
 from special_files_support import release_fifo, reseal, saved_sets, small_run, within
 
-from tlckpt import CheckpointManager, IntegrityError, SkippedCheckpointWarning, verify_checkpoint
+import tlckpt
+from tlckpt import (
+    CheckpointManager,
+    IntegrityError,
+    SkippedCheckpointWarning,
+    UnsupportedFormatError,
+    verify_checkpoint,
+)
 from tlckpt.codec.checkpoint_set import VerifiedSet, latest_verified
 from tlckpt.codec.set_digests import hash_file
 
@@ -99,3 +107,23 @@ def test_hash_file_reads_at_most_one_byte_past_the_recorded_size() -> None:
     with open("/dev/zero", "rb") as f:
         digest, length = within(lambda: hash_file(f, 10))
     assert length == 11 and digest == xxhash.xxh3_128(bytes(11)).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("name", "load"),
+    [
+        ("state.tlsf32", lambda m, o, p: tlckpt.load_module_state(m, p)),
+        ("state.json", lambda m, o, p: tlckpt.load_state_bits(m, p)),
+        ("state.tladam", lambda m, o, p: tlckpt.load_optimizer(o, m, p)),
+    ],
+    ids=["load_module_state", "load_state_bits", "load_optimizer"],
+)
+def test_loading_a_fifo_is_refused_at_once(tmp_path: Path, name: str, load: Any) -> None:
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    model, opt = small_run()
+    try:
+        with pytest.raises(UnsupportedFormatError, match=r"not a regular file \(a FIFO\)"):
+            within(lambda: load(model, opt, fifo))
+    finally:
+        release_fifo(fifo)
