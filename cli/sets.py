@@ -4,8 +4,9 @@
 ``ls`` lists every set folder of a directory, oldest first: its step, its size (the members'
 bytes, manifest included), and whether it verifies — or why not (the member and the check);
 leftovers of killed saves are counted, and entries named like a set that are not one (a
-step above 2**64 - 1, a file, a FIFO) are named as skipped. ``verify`` checks one set completely
-(:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`).
+step above 2**64 - 1, a file, a FIFO) are named as skipped. ``verify`` checks one set
+completely (:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`). What a set records is
+printed through :func:`~.printable.printable`: control characters shown, never obeyed.
 """
 
 from __future__ import annotations
