@@ -31,6 +31,7 @@ from ..optional import MissingDependencyError, require
 from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
 from .describe import describe, summarize
 from .file_formats import POSITIONAL_FAMILIES
+from .printable import printable
 from .sets import list_sets, verify_set
 from .validation import load_destination, validate
 
@@ -46,7 +47,8 @@ class _UsageError(Exception):
 
 
 def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+    # Messages quote what files hold: their control characters are shown, never obeyed.
+    return printable(" ".join(str(text).split()))
 
 
 _SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*", re.IGNORECASE)

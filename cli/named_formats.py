@@ -21,6 +21,7 @@ from ..codec import (
     UnsupportedFormatError,
     atomic_output,
 )
+from ..codec.source import open_regular
 from ..optional import require
 from .tensor_state import State, from_torch, label, to_torch, torch_module
 
@@ -46,6 +47,7 @@ SAFETENSORS_MISSING = frozenset({"complex128", "complex32"})
 def read_safetensors(path: str | os.PathLike) -> State:
     torch_module()
     safetensors = safetensors_module()
+    open_regular(path).close()  # a FIFO or a device is refused, never handed to the reader
     try:
         with safetensors.safe_open(os.fspath(path), framework="pt") as f:
             keys = list(f.keys())
@@ -88,6 +90,7 @@ def stored_order(path: str | os.PathLike, stored: str, keys: list[str]) -> list[
 
 def read_pt(path: str | os.PathLike) -> State:
     torch = torch_module()
+    open_regular(path).close()  # a FIFO or a device is refused, never handed to the reader
     try:
         loaded = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
     except OSError:

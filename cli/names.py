@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..codec import CheckpointError, MalformedError, SchemaMismatchError
+from ..codec.source import open_regular
 from .file_formats import POSITIONAL, format_of_path
 from .named_formats import NAMED_READERS, ORDER_KEY, read_pt, safetensors_module, stored_order
 from .tensor_state import State
@@ -70,7 +71,7 @@ def _names_in_file(path: str | os.PathLike) -> list[str]:
             " names, one per line, or a .pt/.safetensors file",
             field="names-from",
         )
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or a device is refused, never read
         data = f.read()
     try:
         text = data.decode("utf-8")

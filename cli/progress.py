@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
+from ..codec.source import open_regular
+
 __all__ = ["THRESHOLD", "enabled", "reading", "counting"]
 
 #: Files larger than this get a bar (64 MiB).
@@ -91,7 +93,7 @@ def reading(path: str | os.PathLike, desc: str) -> Iterator[str | os.PathLike | 
     if not enabled(os.path.getsize(path)):
         yield path
         return
-    with open(path, "rb") as f, _bar(os.fstat(f.fileno()).st_size, desc) as bar:
+    with open_regular(path) as f, _bar(os.fstat(f.fileno()).st_size, desc) as bar:
         yield _ReportingFile(f, bar)
 
 

@@ -3,10 +3,12 @@
 
 ``ls`` lists every set folder of a directory, oldest first: its step, its size (the members'
 bytes, manifest included), and whether it verifies — or why not (the member and the check);
-leftovers of killed saves are counted. ``verify`` checks one set completely
-(:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`). With a key (``--key-file``) both
-accept only sets signed with it; without one, a signed set is reported as one that cannot be
-authenticated.
+leftovers of killed saves are counted, and entries named like a set that are not one (a
+step above 2**64 - 1, a file, a FIFO) are named as skipped. ``verify`` checks one set
+completely (:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`). With a key
+(``--key-file``) both accept only sets signed with it; without one, a signed set is reported
+as one that cannot be authenticated. What a set records is printed through
+:func:`~.printable.printable`: control characters shown, never obeyed.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..codec.atomic import is_library_temporary
-from ..codec.checkpoint_set import candidate_steps, set_path, verify_checkpoint
+from ..codec.checkpoint_set import scan_sets, set_path, verify_checkpoint
 from ..codec.errors import CheckpointError
 from ..codec.set_keys import as_key
 from ..formats.checkpoint_set import MANIFEST_FILE
 from .describe import table
+from .printable import printable
 
 __all__ = ["list_sets", "verify_set"]
 
@@ -42,7 +45,7 @@ def _human(nbytes: int) -> str:
 
 
 def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+    return printable(" ".join(str(text).split()))
 
 
 def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
@@ -57,7 +60,8 @@ def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
     key = as_key(key)
     names = os.listdir(directory)  # raises for a missing directory
     rows = []
-    for step in candidate_steps(directory):
+    steps, strays = scan_sets(directory)
+    for step in steps:
         folder = set_path(directory, step)
         try:
             manifest = verify_checkpoint(folder, key=key)
@@ -76,6 +80,7 @@ def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
     if leftovers:
         count = len(leftovers)
         lines.append(f"{count} leftover(s) of interrupted saves (removed by the next save)")
+    lines.extend(f"skipped {name}: not a checkpoint set ({why})" for name, why in strays)
     return "\n".join(lines)
 
 
@@ -95,7 +100,8 @@ def verify_set(path: str | os.PathLike, key: Any = None) -> str:
         f"{m.file} ({m.family} v{m.version}, {_human(m.size)})" for m in manifest.members.values()
     )
     signed = "" if manifest.key_id is None else f"; signed, key id {manifest.key_id}"
+    # The library is any string a manifest holds: printed with its control characters shown.
     return (
-        f"{path}: ok (step {manifest.step}, {len(manifest.state)} state tensors,"
-        f" {_human(total)}; {members}; written by {manifest.library}{signed})"
+        f"{printable(path)}: ok (step {manifest.step}, {len(manifest.state)} state tensors,"
+        f" {_human(total)}; {members}; written by {printable(manifest.library)}{signed})"
     )

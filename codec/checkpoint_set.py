@@ -30,13 +30,19 @@ import contextlib
 import hmac
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
-from ..formats.checkpoint_set import MAX_TRAINING_STATE_BYTES
+from ..formats.checkpoint_set import (
+    MAX_TRAINING_STATE_BYTES,
+    MODEL_BITS_VERSION,
+    TRAINING_STATE_FAMILY,
+    TRAINING_STATE_VERSION,
+)
 from .errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
+from .families import JSON_FAMILY
 from .inspection import inspect
 
 # The parts of the protocol live in their own modules; this one verifies, and names them all.
@@ -51,17 +57,20 @@ from .set_digests import (
 )
 from .set_documents import Manifest, MemberRecord, TrainingState, parse_training_state
 from .set_folders import (
+    SkippedCheckpointWarning,
     candidate_steps,
     check_step,
     committed_steps,
     library_name,
+    not_regular_member,
     read_manifest,
     read_manifest_bytes,
     retention_victims,
+    scan_sets,
     set_path,
 )
 from .set_keys import as_key
-from .source import FileStamp
+from .source import FileStamp, open_regular
 
 __all__ = [
     "SkippedCheckpointWarning",
@@ -73,8 +82,11 @@ __all__ = [
     "set_path",
     "committed_steps",
     "candidate_steps",
+    "scan_sets",
     "read_manifest",
     "latest_verified",
+    "newest_usable",
+    "RELISTS",
     "clean_leftovers",
     "remove_set",
     "retention_victims",
@@ -85,11 +97,6 @@ __all__ = [
     "PARALLEL_DIGEST_BYTES",
     "GAP_BYTES",
 ]
-
-
-class SkippedCheckpointWarning(UserWarning):
-    """A checkpoint set was passed over because it does not verify; the message names the
-    set, the member and the check that failed."""
 
 
 def _compare(
@@ -120,6 +127,29 @@ def _compare(
             actual=digest,
             expected=record.digest,
         )
+
+
+def _check_record(role: str, path: Path, record: MemberRecord, family: Any, version: Any) -> None:
+    """Compare the family and version the manifest records for a member with what the
+    member's bytes are (its header, or the document's own tag).
+
+    Raises:
+        IntegrityError: they differ (``check="family"`` or ``"version"``).
+    """
+    for check, found, recorded in (
+        ("family", family, record.family),
+        ("version", version, record.version),
+    ):
+        if found != recorded:
+            raise IntegrityError(
+                f"member {role} ({record.file}) is {family} v{version}, the manifest records"
+                f" {record.family} v{record.version}",
+                check=check,
+                path=path,
+                field=f"members.{role}.{check}",
+                actual=found,
+                expected=recorded,
+            )
 
 
 #: With ``streaming``, members up to this size are still hashed when the set is opened:
@@ -190,7 +220,9 @@ class VerifiedSet:
             for role, record in manifest.members.items():
                 path = folder / record.file
                 try:
-                    f = stack.enter_context(open(path, "rb"))
+                    f = stack.enter_context(
+                        open_regular(path, not_regular_member(role, record.file))
+                    )
                 except FileNotFoundError:
                     raise IntegrityError(
                         f"member {role} ({record.file}) is missing",
@@ -213,7 +245,10 @@ class VerifiedSet:
             for role, opened in verified.members.items():
                 if streaming and role != "training_state" and opened.record.size > _INLINE_BYTES:
                     opened.reader = DigestingReader(
-                        opened.file, getattr(opened.file, "name", None), key
+                        opened.file,
+                        getattr(opened.file, "name", None),
+                        key,
+                        opened.record.size,
                     )
                 else:
                     _compare(
@@ -254,6 +289,13 @@ class VerifiedSet:
             CheckpointError: malformed, or of another step.
         """
         opened = self.members["training_state"]
+        _check_record(
+            "training_state",
+            opened.path,
+            opened.record,
+            TRAINING_STATE_FAMILY,
+            TRAINING_STATE_VERSION,  # the only version parse_training_state accepts
+        )
         data = self.file("training_state").read(MAX_TRAINING_STATE_BYTES + 1)
         try:
             state = parse_training_state(data, MAX_TRAINING_STATE_BYTES)
@@ -289,10 +331,11 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
 
     The manifest is parsed and checked; every member must be present with the size and
     ``xxh3_128`` digest it records; the training-state document must parse and be of the
-    set's step; the model and optimizer members must be well-formed files of their family
-    (read through, payloads skipped) and the model's tensor shapes those of the manifest.
-    With ``key``, the set must be signed with it: the manifest's MAC is checked first, and
-    the members' digests are keyed BLAKE3.
+    set's step; every member must be of the family and version the manifest records (the
+    model and optimizer members by their headers); the model and optimizer members must be
+    well-formed files (read through, payloads skipped) and the model's tensor shapes those
+    of the manifest. With ``key``, the set must be signed with it: the manifest's MAC is
+    checked first, and the members' digests are keyed BLAKE3.
 
     Args:
         path: the set's folder.
@@ -304,10 +347,10 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
     Raises:
         KeyRequiredError: the set is signed and no key was given (it cannot be
             authenticated without it).
-        IntegrityError: a member is missing, or its size or digest differs from the
-            manifest's (the message names the member and the check); with ``key``: the set
-            is signed with another key, its manifest was edited (``check="mac"``), or it is
-            not signed.
+        IntegrityError: a member is missing or not a regular file, or its size, digest,
+            family or version differs from the manifest's (the message names the member and
+            the check); with ``key``: the set is signed with another key, its manifest was
+            edited (``check="mac"``), or it is not signed.
         CheckpointError: the manifest, the training state or a member is malformed (the
             subclass and message say which and how).
         OSError: from the file system.
@@ -325,15 +368,10 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
                 info = inspect(verified.file(role))
             except CheckpointError as exc:
                 raise exc.with_path(Path(path) / record.file) from None
-            if info.get("family") != record.family:
-                raise CheckpointError(
-                    f"member {role} is a {info.get('family')} file, the manifest records"
-                    f" {record.family}",
-                    path=Path(path) / record.file,
-                    field=f"members.{role}.family",
-                    actual=info.get("family"),
-                    expected=record.family,
-                )
+            family = info.get("family")
+            # An exact-bits JSON file names its version in its format tag (all are v1).
+            version = info.get("version", MODEL_BITS_VERSION if family == JSON_FAMILY else None)
+            _check_record(role, Path(path) / record.file, record, family, version)
             if role == "model":
                 shapes = [tuple(t["shape"]) for t in info.get("tensors", [])]
                 if shapes != [shape for _, shape in verified.manifest.state]:
@@ -346,6 +384,58 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
         return verified.manifest
 
 
+_T = TypeVar("_T")
+
+#: How many times the newest usable set is looked for in a fresh listing, when sets vanish
+#: while they are tried (another process's retention removes them, its save commits newer
+#: ones); a bound, so that a directory that changes without end is not looked at forever.
+RELISTS = 8
+
+
+def newest_usable(
+    directory: str | os.PathLike,
+    attempt: Callable[[int], _T],
+    unusable: tuple[type[BaseException], ...],
+    *,
+    warn: bool = True,
+    reason: Callable[[BaseException], BaseException] = lambda exc: exc,
+) -> tuple[int, _T] | None:
+    """The newest step of ``directory`` for which ``attempt`` succeeds, and its result.
+
+    Steps are tried newest first. One whose ``attempt`` raises one of ``unusable`` is passed
+    over (named in a :class:`SkippedCheckpointWarning` with ``reason(exc)``, when ``warn``) —
+    unless its folder is gone by then: another process removed it meanwhile, and may have
+    committed newer sets, so the directory is listed again (at most :data:`RELISTS` times)
+    and the steps not yet passed over are tried anew.
+
+    Args:
+        directory: a checkpoint directory.
+        attempt: what to do with a step (open it, restore it).
+        unusable: what ``attempt`` raises for a step to pass over.
+        warn: warn about each step passed over.
+        reason: what a warning names, from the exception caught.
+
+    Returns:
+        ``(step, result)``, or ``None`` when no step is usable.
+    """
+    passed_over: set[int] = set()
+    for _ in range(RELISTS):
+        for step in reversed(candidate_steps(directory)):
+            if step in passed_over:
+                continue
+            try:
+                return step, attempt(step)
+            except unusable as exc:
+                if not os.path.lexists(set_path(directory, step)):
+                    break  # removed while it was tried: look again
+                passed_over.add(step)
+                if warn:
+                    warn_skipped(step, reason(exc))
+        else:
+            return None  # every listed step was tried
+    return None
+
+
 def latest_verified(
     directory: str | os.PathLike, *, warn: bool = True, key: Any = None
 ) -> int | None:
@@ -353,21 +443,20 @@ def latest_verified(
     with it), or ``None``.
 
     Every set passed over on the way is named in a :class:`SkippedCheckpointWarning` (with
-    the member and the check), when ``warn``.
+    the member and the check), when ``warn``; sets removed meanwhile by another process are
+    not, and the directory is listed again (:func:`newest_usable`).
 
     Raises:
         CheckpointError: ``key`` is not 32 bytes.
     """
     key = as_key(key)
-    for step in reversed(candidate_steps(directory)):
-        try:
-            with VerifiedSet.open(set_path(directory, step), key=key) as verified:
-                verified.training_state()
-            return step
-        except (CheckpointError, OSError) as exc:
-            if warn:
-                warn_skipped(step, exc)
-    return None
+
+    def verifies(step: int) -> None:
+        with VerifiedSet.open(set_path(directory, step), key=key) as verified:
+            verified.training_state()
+
+    found = newest_usable(directory, verifies, (CheckpointError, OSError), warn=warn)
+    return None if found is None else found[0]
 
 
 def warn_skipped(step: int, exc: BaseException) -> None:

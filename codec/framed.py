@@ -39,7 +39,8 @@ def read_framing(src: Source, expect: bytes | None) -> registry.FileSpec:
     head = src.read(min(MAGIC_SIZE, src.remaining), "magic")
     if len(head) < MAGIC_SIZE:
         if any(m.startswith(head) for m in known):
-            src.need(MAGIC_SIZE - len(head), "magic")  # raises: ends inside a known magic
+            src.seek(start)  # the magic starts there: its bytes wanted, and those there
+            src.need(MAGIC_SIZE, "magic")  # raises: ends inside a known magic
         raise UnsupportedFormatError(
             f"unsupported checkpoint family: {len(head)}-byte file {head!r}",
             offset=start,

@@ -108,13 +108,22 @@ def _hash_range(fd: int, h: Any, start: int, stop: int, buffer: bytearray) -> in
     return pos
 
 
-def hash_file(file: BinaryIO, size_hint: int, key: SetKey | None = None) -> tuple[str, int]:
+def hash_file(file: BinaryIO, size: int, key: SetKey | None = None) -> tuple[str, int]:
     """The digest (:func:`~.set_keys.member_hash` of ``key``) and length of ``file``'s bytes
-    from the start (one sequential pass)."""
+    from the start (one sequential pass), reading at most ``size + 1`` bytes.
+
+    Args:
+        file: an open file with a descriptor.
+        size: the length expected (the manifest's): one byte more is read, so a file that
+            grew shows in the length, and a file that never ends (a device) is not read on.
+        key: the set's key (keyed BLAKE3), or ``None`` (XXH3-128).
+
+    Returns:
+        The digest of the bytes read and their number (``size + 1`` for a longer file).
+    """
     h = member_hash(key)
-    buffer = bytearray(min(HASH_CHUNK, max(size_hint, 1)))
-    # Past the size hint, on to the end: a file that grew shows in the length.
-    length = _hash_range(file.fileno(), h, 0, 2**63 - 1, buffer)
+    buffer = bytearray(min(HASH_CHUNK, size + 1))
+    length = _hash_range(file.fileno(), h, 0, size + 1, buffer)
     return h.hexdigest(), length
 
 
@@ -138,12 +147,21 @@ class DigestingReader:
 
     The position is tracked here (every read goes through this object); ``fileno`` is
     offered for ``fstat`` only — bytes read through the descriptor directly are hashed by
-    :meth:`finish` like any unread ones.
+    :meth:`finish` like any unread ones. Given the ``size`` expected, :meth:`finish` reads
+    at most one byte past it.
     """
 
-    def __init__(self, file: BinaryIO, name: Any = None, key: SetKey | None = None):
+    def __init__(
+        self,
+        file: BinaryIO,
+        name: Any = None,
+        key: SetKey | None = None,
+        size: int | None = None,
+    ):
         self.file = file
         self.name = name
+        # The length expected: :meth:`finish` reads at most one byte past it.
+        self.limit = 2**63 - 1 if size is None else size + 1
         self.hash = member_hash(key)
         self.hashed = 0  # bytes [0, hashed) went into the hash
         self.pos = file.seek(0)
@@ -191,12 +209,13 @@ class DigestingReader:
         """Hash whatever was not read in order, up to the end of the file.
 
         Returns:
-            The digest of the whole file and its length (as found now).
+            The digest of the whole file and its length (as found now; at most one byte
+            past the ``size`` given, if any).
         """
         fd = self.file.fileno()
-        left = os.fstat(fd).st_size - self.hashed
+        left = min(os.fstat(fd).st_size, self.limit) - self.hashed
         end = _hash_range(
-            fd, self.hash, self.hashed, 2**63 - 1, bytearray(min(HASH_CHUNK, max(left, 1)))
+            fd, self.hash, self.hashed, self.limit, bytearray(min(HASH_CHUNK, max(left, 1)))
         )
         self.hashed = end
         return self.hash.hexdigest(), end

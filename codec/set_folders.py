@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,17 +22,27 @@ from ..formats.checkpoint_set import (
 from .errors import CheckpointError, FileTooLargeError, IntegrityError
 from .set_documents import Manifest, parse_manifest
 from .set_keys import SetKey
+from .source import file_kind, open_regular
 
 __all__ = [
+    "SkippedCheckpointWarning",
     "library_name",
     "check_step",
     "set_path",
     "read_manifest",
     "read_manifest_bytes",
+    "not_regular_member",
     "committed_steps",
+    "scan_sets",
     "candidate_steps",
     "retention_victims",
 ]
+
+
+class SkippedCheckpointWarning(UserWarning):
+    """A checkpoint set was passed over because it does not verify (the message names the
+    set, the member and the check that failed), or an entry named like a set is not one
+    (the message names it)."""
 
 
 @functools.cache
@@ -62,8 +73,28 @@ def set_path(directory: str | os.PathLike, step: int) -> Path:
     return Path(directory) / folder_name(check_step(step))
 
 
+def not_regular_member(role: str, file: str) -> Any:
+    """The ``refuse`` of :func:`~.source.open_regular` for a set's ``file`` (its member
+    ``role``, or ``"manifest"``): an :class:`IntegrityError` naming it (``check="regular
+    file"``) — a FIFO or a device in a set was put there by someone, and would block or
+    never end."""
+
+    def refuse(path: str, kind: str) -> CheckpointError:
+        what = "the manifest" if role == "manifest" else f"member {role} ({file})"
+        return IntegrityError(
+            f"{what} is not a regular file ({kind})",
+            check="regular file",
+            path=path,
+            field="manifest" if role == "manifest" else f"members.{role}",
+            actual=kind,
+            expected="a regular file",
+        )
+
+    return refuse
+
+
 def _read_bounded(path: str, limit: int, what: str) -> bytes:
-    with open(path, "rb") as f:
+    with open_regular(path, not_regular_member(what, os.path.basename(path))) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise FileTooLargeError(
@@ -86,8 +117,10 @@ def read_manifest(
         key, authenticate: as :func:`~.set_documents.parse_manifest`.
 
     Raises:
-        IntegrityError: there is no manifest (the set was never committed), or (with
-            ``authenticate``) the set does not authenticate with ``key``.
+        IntegrityError: the folder does not exist, or there is no manifest (the set was
+            never committed), or it is not a regular file (a FIFO, a device: refused before
+            a byte is read), or (with ``authenticate``) the set does not authenticate with
+            ``key``.
         CheckpointError: the manifest is malformed (the subclass says how), or its step is
             not the folder's.
     """
@@ -108,6 +141,12 @@ def read_manifest_bytes(
     try:
         data = _read_bounded(path, MAX_MANIFEST_BYTES, "manifest")
     except FileNotFoundError:
+        if not os.path.lexists(folder):
+            raise IntegrityError(
+                "no such checkpoint set: the folder does not exist",
+                check="present",
+                path=folder,
+            ) from None
         raise IntegrityError(
             "the set has no manifest: it was never committed",
             check="present",
@@ -137,32 +176,70 @@ def read_manifest_bytes(
 def committed_steps(directory: str | os.PathLike) -> list[int]:
     """The steps of the committed sets in ``directory`` (a ``step-…`` folder whose manifest
     parses; a signed one is not authenticated here), ascending. A missing directory has
-    none."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
+    none; entries that are not sets are named in a warning (:func:`candidate_steps`)."""
     steps = []
-    for name in sorted(names):
-        match = FOLDER_PATTERN.fullmatch(name)
-        if match is None:
-            continue
+    for step in candidate_steps(directory):
         try:
-            read_manifest(os.path.join(directory, name), authenticate=False)
+            read_manifest(set_path(directory, step), authenticate=False)
         except (CheckpointError, OSError):
             continue
-        steps.append(int(match.group(1)))
+        steps.append(step)
     return steps
 
 
-def candidate_steps(directory: str | os.PathLike) -> list[int]:
-    """Every ``step-…`` folder, committed or not (a folder without a manifest is named in a
-    warning too: someone made or damaged it)."""
+def scan_sets(directory: str | os.PathLike) -> tuple[list[int], list[tuple[str, str]]]:
+    """Every ``step-…`` folder of ``directory``, committed or not, and the entries named like
+    one that are not (a step above 2**64 - 1, a regular file, a FIFO): someone put them there.
+
+    Args:
+        directory: a checkpoint directory.
+
+    Returns:
+        The folders' steps, ascending (none for a missing directory), and each stray entry's
+        name and what it is, by name.
+
+    Raises:
+        OSError: the directory cannot be listed (other than missing).
+    """
     try:
-        names = os.listdir(directory)
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in map(FOLDER_PATTERN.fullmatch, names) if m)
+        return [], []
+    steps, strays = [], []
+    for entry in sorted(entries, key=lambda e: e.name):
+        match = FOLDER_PATTERN.fullmatch(entry.name)
+        if match is None:
+            continue
+        step = int(match.group(1))
+        if step > STEP_MAX:
+            strays.append((entry.name, "its step is above 2**64 - 1"))
+            continue
+        try:
+            # A symlink is judged by what it points to: that is what a reader would open.
+            is_folder = entry.is_dir()
+            kind = "a folder" if is_folder else file_kind(entry.stat().st_mode)
+        except OSError as exc:  # vanished, or a dangling symlink
+            is_folder, kind = False, f"unreadable ({exc.strerror or exc})"
+        if not is_folder:
+            strays.append((entry.name, f"it is {kind}, not a folder"))
+            continue
+        steps.append(step)
+    return steps, strays
+
+
+def candidate_steps(directory: str | os.PathLike) -> list[int]:
+    """Every ``step-…`` folder, committed or not, ascending (a folder without a manifest is
+    named in a warning too: someone made or damaged it). An entry named like a set that is
+    not one (:func:`scan_sets`) is passed over with a :class:`SkippedCheckpointWarning`
+    naming it, never fatal."""
+    steps, strays = scan_sets(directory)
+    for name, why in strays:
+        warnings.warn(
+            f"{os.path.join(os.fspath(directory), name)} is not a checkpoint set ({why}); skipped",
+            SkippedCheckpointWarning,
+            stacklevel=2,
+        )
+    return steps
 
 
 def retention_victims(

@@ -21,17 +21,24 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from .errors import CheckpointError, FileChangedError, FileTooLargeError, TruncatedError
+from .errors import (
+    CheckpointError,
+    FileChangedError,
+    FileTooLargeError,
+    TruncatedError,
+    UnsupportedFormatError,
+)
 from .paths import field_name
 from .transfer import PARALLEL_MIN_BYTES, Extents, address_of, plain_fd, read_extents
 
-__all__ = ["FileStamp", "Source", "open_source", "PathOrFile"]
+__all__ = ["FileStamp", "Source", "open_source", "open_regular", "file_kind", "PathOrFile"]
 
 PathOrFile = str | os.PathLike | BinaryIO
 
@@ -217,6 +224,76 @@ class Source:
         self.pos = pos
 
 
+#: What a file that is not a regular one is, as messages name it.
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+#: Opened without blocking where the platform has the flag (a FIFO's open waits for a writer).
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words ("a regular file", "a FIFO", ...)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def _not_regular(path: str, kind: str) -> CheckpointError:
+    return UnsupportedFormatError(
+        f"not a regular file ({kind}): only regular files are read",
+        path=path,
+        field="file type",
+        actual=kind,
+        expected="a regular file",
+    )
+
+
+def open_regular(
+    path: str | os.PathLike,
+    refuse: Callable[[str, str], CheckpointError] = _not_regular,
+) -> BinaryIO:
+    """``path`` opened for reading in binary, if it is a regular file (symlinks followed).
+
+    The file is opened without blocking, so that a FIFO (whose open would wait for a
+    writer forever) is opened at once, then checked by ``fstat`` through the handle:
+    anything but a regular file (a FIFO, a device such as ``/dev/zero``, which never ends)
+    is refused before a byte is read. The flag is cleared again for the reads.
+
+    Args:
+        path: the file.
+        refuse: the error for a file that is not regular, given the path and what the file
+            is ("a FIFO"); by default an :class:`UnsupportedFormatError`.
+
+    Returns:
+        An open binary file object (``name`` is ``path``); the caller closes it.
+
+    Raises:
+        CheckpointError: from ``refuse``: not a regular file.
+        OSError: it cannot be opened.
+    """
+
+    def opener(name: str, flags: int) -> int:
+        fd = os.open(name, flags | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise refuse(name, file_kind(mode))
+            if _NONBLOCK:
+                os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    return open(os.fspath(path), "rb", opener=opener)
+
+
 @contextlib.contextmanager
 def open_source(path_or_file: PathOrFile, *, since: FileStamp | None = None) -> Iterator[Source]:
     """A :class:`Source` over a path (opened and closed here) or a caller's file object.
@@ -227,12 +304,15 @@ def open_source(path_or_file: PathOrFile, *, since: FileStamp | None = None) -> 
     anything. Errors raised inside carry the file's name; a ``MemoryError`` raised inside
     becomes a :class:`FileTooLargeError` naming the file and its size.
 
+    A path is opened by :func:`open_regular`: a FIFO or a device is refused, never read.
+
     Raises:
         FileChangedError: the file changed meanwhile (see :meth:`FileStamp.same_contents`).
+        UnsupportedFormatError: the path is not a regular file (a FIFO, a device).
     """
     if isinstance(path_or_file, (str, os.PathLike)):
         name: Any = os.fspath(path_or_file)
-        ctx: Any = open(name, "rb")  # noqa: SIM115 - closed by the with below
+        ctx: Any = open_regular(name)
     else:
         name = getattr(path_or_file, "name", None)
         ctx = contextlib.nullcontext(path_or_file)

@@ -40,7 +40,7 @@ from ..codec.float32_state import (
     validate_float32_state,
     write_float32_state,
 )
-from ..codec.source import PathOrFile
+from ..codec.source import PathOrFile, open_regular
 from ..formats.float32_state import TENSOR_DTYPE
 from . import float32_bulk
 from .dtensors import fingerprint, local_tensor
@@ -118,7 +118,7 @@ def _opened(path: PathOrFile) -> Iterator[BinaryIO]:
     meanwhile) in the second pass than was validated in the first.
     """
     if isinstance(path, (str, os.PathLike)):
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is refused, never read
             yield f
     else:
         yield path

@@ -15,7 +15,8 @@ import hashlib
 import os
 from typing import Any
 
-from ..codec.errors import ConfigError
+from ..codec.errors import CheckpointError, ConfigError
+from ..codec.source import open_regular
 from .collectives import all_agree, all_rows, broadcast_json, is_writer, share_verdict
 from .sharded_io import ENV, LOGGER, ShardedIO, record
 
@@ -85,10 +86,10 @@ def _sees(probe: str, token: bytes) -> bool:
 def _fingerprint(path: str) -> bytes:
     """What this rank sees at ``path``: size, modification time, the first 64 KiB."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO would block the probe of every rank
             st = os.fstat(f.fileno())
             head = f.read(_FINGERPRINT_BYTES)
-    except OSError:
+    except (OSError, CheckpointError):  # the rank-0 load then says what is wrong
         return b""
     return hashlib.sha256(repr((st.st_size, st.st_mtime_ns)).encode() + head).digest()
 

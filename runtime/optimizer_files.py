@@ -43,7 +43,7 @@ from ..codec.errors import CheckpointError, ConfigError
 from ..codec.families import families_differ
 from ..codec.inspection import sniff_family
 from ..codec.optimizer_types import OptimizerEntry
-from ..codec.source import PathOrFile, open_source
+from ..codec.source import PathOrFile, open_regular, open_source
 from ..codec.tlckpt_optimizer import read_optimizer_state
 from ..codec.tlckpt_optimizer_writer import write_optimizer_state
 from ..formats.tlckpt_optimizer import GROUP_FLOATS
@@ -314,7 +314,7 @@ def _load_in_parallel(
     with contextlib.ExitStack() as stack:
 
         def validate() -> tuple[BinaryIO, Any, dict[tuple[int, str], int], Any, AdamConfig]:
-            f = stack.enter_context(open(path, "rb"))
+            f = stack.enter_context(open_regular(path))
             config = binding.fit().require()  # the one config a TLADAMF file can hold
             checkpoint, offsets, stamp = validate_adam(
                 f, slots.schema, dtype=config.dtype, expected_config=config

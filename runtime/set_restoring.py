@@ -16,9 +16,8 @@ import torch
 
 from ..codec.checkpoint_set import (
     VerifiedSet,
-    candidate_steps,
+    newest_usable,
     set_path,
-    warn_skipped,
 )
 from ..codec.errors import CheckpointError, SchemaMismatchError
 from ..codec.set_keys import as_key
@@ -251,18 +250,24 @@ def restore_latest(
 ) -> Restored:
     """Restore the newest set that verifies (with ``key``: authenticates), passing over
     (with a warning naming the set, the member and the check) every newer one that does
-    not.
+    not; sets that vanish meanwhile (another process's retention) make it look at the
+    directory again, a bounded number of times
+    (:func:`~tlckpt.codec.checkpoint_set.newest_usable`).
 
     Raises:
         CheckpointError: no set verifies; or the newest verified set does not fit the
             objects (not a reason to fall back: an older one would not fit either).
     """
     key = as_key(key)
-    for step in reversed(candidate_steps(directory)):
-        try:
-            return restore_set(set_path(directory, step), targets, fallback=True, key=key)
-        except _Unverified as skipped:
-            warn_skipped(step, skipped.__cause__ or skipped)
+    # Listed again where sets vanish while they are tried (another process's retention).
+    found = newest_usable(
+        directory,
+        lambda step: restore_set(set_path(directory, step), targets, fallback=True, key=key),
+        (_Unverified,),
+        reason=lambda skipped: skipped.__cause__ or skipped,
+    )
+    if found is not None:
+        return found[1]
     raise CheckpointError(
         f"no checkpoint set in {os.fspath(directory)} verifies", path=os.fspath(directory)
     )
