@@ -21,7 +21,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) docs/gen_format_reference.py
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml setup.py requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -e .

@@ -1,14 +1,18 @@
-"""Generate ``docs/format-reference.md`` from the specs in :mod:`tlckpt.formats`.
+"""Generate ``docs/format-reference.md``, and the list of magics in ``docs/format.md``, from
+the specs in :mod:`tlckpt.formats` and the family registry.
 
 The byte tables are read off the ``construct`` structures themselves — field order, sizes,
 counts, conditions, the ``*`` docs of every field and the checks that ``Const``/``Valid``
 attach — so the reference cannot drift from the code: ``tests/test_docs.py`` regenerates it
-in memory and fails when the checked-in file differs.
+in memory and fails when the checked-in file differs. The checks a reader applies in code
+beyond its spec's (:data:`READER_CHECKS`) join them in the *check* column; the test probes
+the readers and fails when one rejects a field whose check cell is empty. ``format.md`` §1's
+magic row lists every registered binary family (between ``<!-- magics -->`` markers).
 
 Usage::
 
-    python docs/gen_format_reference.py          # rewrite docs/format-reference.md
-    python docs/gen_format_reference.py --check  # exit 1 if it is stale
+    python docs/gen_format_reference.py          # rewrite both
+    python docs/gen_format_reference.py --check  # exit 1 if either is stale
 """
 
 from __future__ import annotations
@@ -35,11 +39,46 @@ from tlckpt.formats.primitives import F64, U64, Payload, Valid, unwrap
 from tlckpt.formats.state_bits import ENCODINGS
 
 OUTPUT = Path(__file__).resolve().parent / "format-reference.md"
+#: The hand-written rules, whose §1 magic row is generated between :data:`MAGIC_MARKERS`.
+FORMAT_MD = Path(__file__).resolve().parent / "format.md"
+MAGIC_MARKERS = ("<!-- magics -->", "<!-- /magics -->")
 
 TIMES = " \u00d7 "  # the multiplication sign, as FORMAT.md writes sizes
 EN_DASH = "\u2013"
 _ENCODING_COLUMNS = "name|format tag|width|exp. bits|frac. bits|bias|specials|value|numpy array"
 _TYPE_NAMES = {U64.fmtstr: "u64", F64.fmtstr: "f64", "<I": "u32", "<B": "u8"}
+
+
+# --------------------------------------------------------------------------- reader checks
+
+#: (magic, field) → what the family's reader checks on that field with the file alone (no
+#: destination), beyond the spec's own ``Const``/``Valid`` — rules that need the stored schema
+#: or earlier records, applied in code as the field is decoded: ``codec/adam.py``
+#: (``_AdamReader``), ``codec/tlckpt_optimizer.py`` (``_OptimizerReader``),
+#: ``codec/optimizer_reader.py`` (an entry's count), ``codec/schema_check.py`` (the schema
+#: blocks). ``tests/test_docs.py`` probes the readers: a field they reject must have a check.
+READER_CHECKS: dict[tuple[bytes, str], str] = {
+    (b"TLADAMF", "config.beta1"): "0 <= beta1 < 1 (not NaN)",
+    (b"TLADAMF", "config.beta2"): "0 <= beta2 < 1 (not NaN)",
+    (b"TLADAMF", "config.epsilon"): "finite and > 0 in the moment dtype",
+    (b"TLADAMF", "config.weight_decay"): "Adam: 0; AdamW: finite and >= 0",
+    (b"TLADAMF", "representatives"): "a well-formed alias map (format.md §2)",
+    (b"TLADAMF", "entry_count"): "= the schema's representative slots",
+    (b"TLADAMF", "entries[i].id"): "< slot_count, a representative slot, not repeated",
+    (b"TLADAMF", "entries[i].step"): ">= 1",
+    (b"TLADAMF", "entries[i].count"): "= the slot's element_count",
+    (b"TLCKOPT", "representatives"): "a well-formed alias map (format.md §2)",
+    (b"TLCKOPT", "slot_groups"): ("1 to group_count for a representative slot, 0 for the others"),
+    (b"TLCKOPT", "entry_count"): "<= the schema's representative slots",
+    (b"TLCKOPT", "entries[i].id"): "greater than the previous entry's id",
+    (b"TLCKOPT", "entries[i].count"): "= the slot's element_count",
+}
+
+
+def reader_check(magic: bytes, path: str, spec_check: str) -> str:
+    """The *check* cell of a field: its spec's check, then its reader's (:data:`READER_CHECKS`)."""
+    extra = READER_CHECKS.get((magic, path), "")
+    return "; ".join(part for part in (spec_check, extra) if part)
 
 
 # --------------------------------------------------------------------------- spec sources
@@ -374,7 +413,7 @@ def _binary_family(
                 r.type,
                 r.size,
                 r.meaning,
-                r.check,
+                reader_check(magic, r.path, r.check),
                 _version_list(where[r.path], versions),
             ]
             for r in tables[spec.version]
@@ -424,9 +463,10 @@ def render() -> str:
         " specs in `formats/`. Integers are unsigned little-endian; there is no padding."
         " Offsets are absolute where every earlier field has a fixed size; after a"
         " variable-size field they read `end(field) + k`, and inside a record"
-        " `start(record[i]) + k`. *check* is what the reader verifies on that field"
-        " (`= x`: a constant); the destination-dependent rules (schema equality, entry ids,"
-        " config bits) are in [the format rules](format.md) and [the guide](guide.md#errors).",
+        " `start(record[i]) + k`. *check* is what the reader verifies on that field with the"
+        " file alone (`= x`: a constant), from the spec and from the reader's code; the rules"
+        " that compare a file with its destination (schema equality, config bits, moment"
+        " dtypes) are in [the format rules](format.md) and [the guide](guide.md#errors).",
         "",
         "Families: "
         + ", ".join(f"`{f.label}` ({f.name})" for f in sorted(binary, key=lambda f: f.magic))
@@ -440,22 +480,46 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def magic_list() -> str:
+    """Every registered binary family's magic and contents, in magic order (format.md §1)."""
+    binary = sorted((f for f in families() if f.magic is not None), key=lambda f: f.magic)
+    named = [f"`{f.magic.decode()}` ({f.contents})" for f in binary]
+    return ", ".join(named[:-1]) + f" or {named[-1]}" if len(named) > 1 else "".join(named)
+
+
+def with_magic_list(text: str) -> str:
+    """``format.md``'s text with the part between :data:`MAGIC_MARKERS` regenerated.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    start, end = MAGIC_MARKERS
+    head, found, rest = text.partition(start)
+    _, found_end, tail = rest.partition(end)
+    if not (found and found_end):
+        raise ValueError(f"format.md has no {start} ... {end} markers")
+    return f"{head}{start}{magic_list()}{end}{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--format-md", type=Path, default=FORMAT_MD)
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
-        if current != text:
-            print(
-                f"{args.output} is stale; run python docs/gen_format_reference.py", file=sys.stderr
-            )
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    rules = args.format_md.read_text(encoding="utf-8")
+    wanted = {args.output: render(), args.format_md: with_magic_list(rules)}
+    stale = 0
+    for path, text in wanted.items():
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current == text:
+            continue
+        if args.check:
+            print(f"{path} is stale; run python docs/gen_format_reference.py", file=sys.stderr)
+            stale = 1
+        else:
+            path.write_text(text, encoding="utf-8")
+    return stale
 
 
 if __name__ == "__main__":

@@ -14,17 +14,33 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import io
 import linecache
 import re
+import struct
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import tlckpt
 from tlckpt import cli
-from tlckpt.formats import ADAM_MAGIC, lookup, unregister
+from tlckpt.codec import (
+    AdamKind,
+    CheckpointError,
+    OptimizerEntry,
+    ParameterSchema,
+    ParamGroupConfig,
+    TrailingDataError,
+    TruncatedError,
+    scan_adam,
+    scan_float32_state,
+    scan_optimizer_state,
+)
+from tlckpt.codec.tlckpt_optimizer_writer import write_optimizer_state
+from tlckpt.formats import ADAM_MAGIC, lookup, registry, unregister
 from tlckpt.testing.vectors import vectors_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +88,6 @@ def test_format_reference_is_up_to_date() -> None:
 
 def test_format_reference_covers_every_registered_version() -> None:
     text = (DOCS / "format-reference.md").read_text(encoding="utf-8")
-    from tlckpt.formats import registry
-
     for magic in registry.FAMILIES:
         for version in registry.known_versions(magic):
             assert f"### `{magic.decode()}` version {version} " in text
@@ -95,11 +109,101 @@ def test_format_reference_offsets_match_the_files(tmp_path: Path) -> None:
 
 def test_generator_check_mode(tmp_path: Path) -> None:
     gen = _generator()
-    out = tmp_path / "ref.md"
-    assert gen.main(["--output", str(out)]) == 0
-    assert gen.main(["--check", "--output", str(out)]) == 0
+    out, rules = tmp_path / "ref.md", tmp_path / "format.md"
+    rules.write_text((DOCS / "format.md").read_text(encoding="utf-8"), encoding="utf-8")
+    paths = ["--output", str(out), "--format-md", str(rules)]
+    assert gen.main(paths) == 0
+    assert gen.main(["--check", *paths]) == 0
     out.write_text(out.read_text() + "edited\n")
-    assert gen.main(["--check", "--output", str(out)]) == 1
+    assert gen.main(["--check", *paths]) == 1
+    assert gen.main(paths) == 0
+    rules.write_text(rules.read_text().replace("`TLCKOPT`", "`TLXXXXX`"))
+    assert gen.main(["--check", *paths]) == 1
+
+
+def test_format_md_lists_every_magic() -> None:
+    # §1's magic row is generated from the family registry (it once named two of three).
+    gen = _generator()
+    text = (DOCS / "format.md").read_text(encoding="utf-8")
+    assert gen.with_magic_list(text) == text, "docs/format.md is stale: run the generator"
+    start, end = gen.MAGIC_MARKERS
+    listed = text.partition(start)[2].partition(end)[0]
+    assert registry.FAMILIES, "no binary family registered"
+    for magic in registry.FAMILIES:
+        assert f"`{magic.decode()}`" in listed
+
+
+def _optimizer_seed() -> bytes:
+    """A TLCKOPT file with two groups (one amsgrad), a frozen slot, an alias, moments of two
+    dtypes and a trainable slot without state."""
+    schema = ParameterSchema(
+        [(2,), (2,), (3,), (1,), ()], [True, True, True, False, True], [0, 0, 2, None, 4]
+    )
+    groups = [
+        ParamGroupConfig(AdamKind.ADAMW, 0.9, 0.999, 1e-8, 0.01, 1e-3, amsgrad=True),
+        ParamGroupConfig(AdamKind.ADAM, 0.8, 0.99, 1e-6, 0.0, 1e-2),
+    ]
+    f32, f64 = np.arange(2, dtype=np.float32), np.arange(3, dtype=np.float64)
+    entries = {
+        0: OptimizerEntry(3, "float32", f32, f32, f32),
+        2: OptimizerEntry(3, "float64", f64, f64, f64),
+    }
+    out = io.BytesIO()
+    write_optimizer_state(out, schema, groups, [0, None, 0, None, 1], entries, random_counter=5)
+    return out.getvalue()
+
+
+def _rejected_fields(data: bytes) -> set[str]:
+    """Every field a reader (with the file alone) names when one u64 of ``data``, at any byte
+    offset, is replaced by a telling value; record indices read ``[i]``. Size errors
+    (truncated, trailing bytes) belong to the layout, not to one field's check."""
+    scan = {b"TLADAMF": scan_adam, b"TLSF32B": scan_float32_state}
+    scan[b"TLCKOPT"] = scan_optimizer_state
+    read = scan[data[:7]]
+    read(io.BytesIO(data))  # the seed itself is valid
+    found = set()
+    for offset in range(7, len(data) - 7):
+        (was,) = struct.unpack_from("<Q", data, offset)
+        for value in {0, 1, 2, (was + 1) % 2**64, 2**63}:
+            mutated = bytearray(data)
+            struct.pack_into("<Q", mutated, offset, value)
+            try:
+                read(io.BytesIO(bytes(mutated)))
+            except (TruncatedError, TrailingDataError):
+                pass
+            except CheckpointError as exc:
+                found.add(re.sub(r"\[\d+\]", "[i]", exc.field or "<no field>"))
+    return found
+
+
+def test_every_check_a_reader_applies_is_in_the_reference() -> None:
+    # The check column once left out four TLCKOPT rules applied in code (increasing ids,
+    # entry_count <= representatives, an entry's count = its slot's, slot-group ranges).
+    gen = _generator()
+    seeds = [
+        (vectors_dir() / "adam_v5_f64_tied_counter.tladam").read_bytes(),
+        (vectors_dir() / "state_basic.tlsf32").read_bytes(),
+        _optimizer_seed(),
+    ]
+    assert {seed[:7] for seed in seeds} == set(registry.FAMILIES), "a family without a seed"
+    checks: dict[tuple[bytes, str], str] = {}
+    for magic in registry.FAMILIES:
+        for version in registry.known_versions(magic):
+            for row in gen.spec_rows(registry.lookup(magic, version).struct):
+                cell = gen.reader_check(magic, row.path, row.check)
+                checks[(magic, row.path)] = checks.get((magic, row.path)) or cell
+    assert set(gen.READER_CHECKS) <= set(checks), "READER_CHECKS names a field with no row"
+    undocumented, rejected = [], set()
+    for seed in seeds:
+        magic = seed[:7]
+        for field in _rejected_fields(seed):
+            path = field if (magic, field) in checks else field.removesuffix("[i]")
+            rejected.add((magic, path))
+            if not checks.get((magic, path)):
+                undocumented.append(f"{magic.decode()} {field}")
+    assert undocumented == [], "fields a reader rejects with an empty check cell"
+    unapplied = sorted(set(gen.READER_CHECKS) - rejected)
+    assert unapplied == [], "READER_CHECKS documents checks no reader applied here"
 
 
 # --------------------------------------------------------------------------- runnable pages

@@ -1,7 +1,11 @@
 """The package's public surface: API.md's names, lazily imported runtime."""
 
+import ast
+import shutil
 import subprocess
 import sys
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import tlckpt
@@ -70,3 +74,92 @@ def test_supported_platforms_are_declared() -> None:
     ):
         assert f'"{wanted}"' in text
     assert "Windows" not in text
+
+
+# ---------------------------------------------------------------- what the wheel holds
+
+#: Top-level folders of the repository that are not the library (nothing in it imports them).
+DEVELOPMENT_ONLY = {"tests", "fuzz", "bench", "docs"}
+REPOSITORY = Path(tlckpt.__file__).resolve().parent
+
+
+def _packages_on_disk() -> dict[str, Path]:
+    """``tlckpt.…`` → folder, for every folder with an ``__init__.py`` reached through
+    folders that have one, the development-only trees aside."""
+    found = {"tlckpt": REPOSITORY}
+
+    def walk(folder: Path, dotted: str) -> None:
+        for path in sorted(folder.iterdir()):
+            if path.is_dir() and (path / "__init__.py").is_file():
+                if folder == REPOSITORY and path.name in DEVELOPMENT_ONLY:
+                    continue
+                found[f"{dotted}.{path.name}"] = path
+                walk(path, f"{dotted}.{path.name}")
+
+    walk(REPOSITORY, "tlckpt")
+    return found
+
+
+def _build_wheel(tmp_path: Path) -> list[str]:
+    """The file names of a wheel built from a copy of the repository (the build writes
+    ``build/`` and ``*.egg-info`` beside the sources, so not in the checkout itself)."""
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__")
+    shutil.copytree(REPOSITORY, source, ignore=ignore)
+    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    out = subprocess.run(
+        [*command, "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (wheel,) = (tmp_path / "dist").glob("tlckpt-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
+
+
+def test_wheel_holds_every_subpackage_and_module(tmp_path: Path) -> None:
+    # A hand-written package list once left tlckpt.runtime.collectives out of every wheel.
+    names = _build_wheel(tmp_path)
+    shipped = {n.rpartition("/")[0].replace("/", ".") for n in names if n.endswith("__init__.py")}
+    on_disk = _packages_on_disk()
+    assert "tlckpt.runtime.collectives" in on_disk
+    assert sorted(set(on_disk) - shipped) == [], "subpackages missing from the wheel"
+    assert sorted(shipped - set(on_disk)) == [], "development-only packages in the wheel"
+    modules = {
+        f"{package.replace('.', '/')}/{path.name}"
+        for package, folder in on_disk.items()
+        for path in folder.glob("*.py")
+        if not (folder == REPOSITORY and path.name == "setup.py")
+    }
+    sources = {n for n in names if n.endswith(".py")}
+    assert sorted(modules - sources) == [], "modules missing from the wheel"
+    assert sorted(sources - modules) == [], "files in the wheel that are not the library's"
+
+
+def _imported_names(path: Path, package: str) -> Iterator[str]:
+    """Every module name ``path`` (a module of ``package``) imports, relative ones resolved
+    (``from .x import y`` yields ``package.x`` and ``package.x.y``)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[: len(parts) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            yield target
+            yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def test_the_library_never_imports_the_development_trees() -> None:
+    # They are left out of the wheel, so an import of them would work in a checkout only.
+    offenders = [
+        f"{path.relative_to(REPOSITORY)}: {name}"
+        for package, folder in _packages_on_disk().items()
+        for path in sorted(folder.glob("*.py"))
+        if not (folder == REPOSITORY and path.name == "setup.py")
+        for name in _imported_names(path, package)
+        if name.split(".")[:2] in (["tlckpt", top] for top in DEVELOPMENT_ONLY)
+    ]
+    assert offenders == []
