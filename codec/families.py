@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..formats import registry
-from .destinations import ModelStateTarget, parse_model_state_target
 from .errors import UnsupportedFormatError
-from .source import PathOrFile
+from .fileio.source import PathOrFile
+from .values.destinations import ModelStateTarget, parse_model_state_target
 
 __all__ = [
     "HEAD_BYTES",
@@ -172,7 +172,8 @@ class ModelStateFamily(FamilyHandler):
     """A family of model state: tensors by position, whatever their number and shapes.
 
     Every such family takes the same destinations
-    (:class:`~tlckpt.codec.destinations.ModelStateTarget`: shapes and a scalar encoding), so a
+    (:class:`~tlckpt.codec.values.destinations.ModelStateTarget`: shapes and a scalar
+    encoding), so a
     ``.pt`` or ``.safetensors`` model fits any of them, and ``tlckpt convert`` reads and
     writes them whole.
 

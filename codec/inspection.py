@@ -14,11 +14,11 @@ from typing import Any
 from ..formats import registry
 from ..formats.primitives import float_bits, product
 from .errors import UnsupportedFormatError, names_the_file
+from .exact_json.json_document import DEFAULT_MAX_JSON_BYTES
 from .families import HEAD_BYTES, family_named, head_family
-from .gcpause import without_gc
-from .json_document import DEFAULT_MAX_JSON_BYTES
-from .schema import ParameterSchema
-from .source import PathOrFile, open_source
+from .fileio.gcpause import without_gc
+from .fileio.source import PathOrFile, open_source
+from .values.schema import ParameterSchema
 
 __all__ = [
     "inspect",
@@ -70,8 +70,8 @@ def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -
     Args:
         path: any file of a registered family (path or seekable binary file object).
         max_json_bytes: the largest exact-bits JSON file read (a JSON document is read whole;
-            see :data:`~tlckpt.codec.state_bits.DEFAULT_MAX_JSON_BYTES`). Binary files are
-            read record by record and need no cap.
+            see :data:`~tlckpt.codec.exact_json.json_document.DEFAULT_MAX_JSON_BYTES`).
+            Binary files are read record by record and need no cap.
 
     Returns:
         A JSON-serialisable dict. Keys depend on the family; always ``family`` and ``bytes``.

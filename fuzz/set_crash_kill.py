@@ -125,8 +125,9 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     """Run the trials in ``folder``; return the figures (see the module docstring)."""
     import torch
 
-    from tlckpt.codec.atomic import is_library_temporary
-    from tlckpt.codec.checkpoint_set import committed_steps, latest_verified, verify_checkpoint
+    from tlckpt.codec.fileio.atomic import is_library_temporary
+    from tlckpt.codec.sets.checkpoint_set import latest_verified, verify_checkpoint
+    from tlckpt.codec.sets.set_folders import committed_steps
 
     torch.set_num_threads(1)  # the parent forks: no thread pool may be running
     ctx = mp.get_context("fork")

@@ -24,20 +24,14 @@ another process during that pass leaves a partial update, reported as
 from __future__ import annotations
 
 from ..codec.errors import names_the_file
-from ..codec.gcpause import without_gc
-from ..codec.source import PathOrFile
-from . import bits_files, float32_files
-from .dtensors import reusable
-from .placement import placement_for
-from .state_tensors import ModuleOrTensors, state_tensors
+from ..codec.fileio.gcpause import without_gc
+from ..codec.fileio.source import PathOrFile
+from .binding.dtensors import reusable
+from .ops import bits_files, float32_files
+from .ops.state_tensors import ModuleOrTensors
+from .placement.choice import placement_for
 
-__all__ = [
-    "state_tensors",
-    "save_module_state",
-    "load_module_state",
-    "save_state_bits",
-    "load_state_bits",
-]
+__all__ = ["save_module_state", "load_module_state", "save_state_bits", "load_state_bits"]
 
 
 @names_the_file()
@@ -50,7 +44,7 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
@@ -96,7 +90,8 @@ def load_module_state(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike. Such
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank
+    alike. Such
     loads are always staged (each rank keeps its new shards off to the side until all have
     arrived), whatever ``staged`` says.
 
@@ -140,7 +135,7 @@ def save_state_bits(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
@@ -173,7 +168,7 @@ def load_state_bits(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         module_or_tensors: the destination model or tensors.

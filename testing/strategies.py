@@ -38,8 +38,8 @@ from ..codec import (
     ParameterSchema,
     ParamGroupConfig,
 )
-from ..codec.exact_values import TensorScalar
-from ..codec.optimizer_types import MOMENT_DTYPE_NAMES, moment_array_dtype
+from ..codec.sets.exact_values import TensorScalar
+from ..codec.values.optimizer_types import MOMENT_DTYPE_NAMES, moment_array_dtype
 from ..formats.checkpoint_set import LIMITS
 
 __all__ = [
@@ -405,7 +405,7 @@ def byte_splices(draw: st.DrawFn, data: bytes, max_len: int = 16) -> bytes:
 # --------------------------------------------------------------------------- training-state values
 #
 # The values a training-state document holds (a scheduler's state, ``extra``): every kind
-# :mod:`tlckpt.codec.exact_values` takes, with floats drawn as raw binary64 words (NaN
+# :mod:`tlckpt.codec.sets.exact_values` takes, with floats drawn as raw binary64 words (NaN
 # payloads, -0.0, infinities, subnormals), integers up to and just past the reader's digit
 # bound, strings of any code point but lone surrogates, and containers nested up to and just
 # past ``LIMITS.value_depth``.

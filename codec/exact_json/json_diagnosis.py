@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from ..formats.state_bits import (
+from ...formats.state_bits import (
     DOCUMENT_SKETCH,
     ENTRY_KEYS,
     ENTRY_SKETCH,
@@ -28,7 +28,7 @@ from ..formats.state_bits import (
     VALUES_KEY,
     ScalarFormat,
 )
-from .errors import MalformedError, UnsupportedFormatError
+from ..errors import MalformedError, UnsupportedFormatError
 from .json_document import duplicate_key_error
 from .state_words import NUMPY_WRAPS_NEGATIVES, short
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from ..formats.state_bits import (
+from ...formats.state_bits import (
     DOCUMENT_SKETCH,
     ENTRY_KEYS,
     FORMAT_KEY,
@@ -41,8 +41,8 @@ from ..formats.state_bits import (
     VALUES_KEY,
     ScalarFormat,
 )
-from .errors import FileTooLargeError, MalformedError
-from .families import (
+from ..errors import FileTooLargeError, MalformedError
+from ..families import (
     HEAD_BYTES,
     JSON_FAMILY,
     JSON_WHITESPACE,
@@ -50,7 +50,7 @@ from .families import (
     families_differ,
     magic_family,
 )
-from .source import Source
+from ..fileio.source import Source
 
 __all__ = [
     "DEFAULT_MAX_JSON_BYTES",

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.state_bits import (
+from ...formats.state_bits import (
     ENCODINGS,
     SHAPE_KEY,
     VALUES_KEY,
@@ -32,7 +32,7 @@ from ..formats.state_bits import (
     ScalarFormat,
     encoding_by_name,
 )
-from .errors import CheckpointError, UnsupportedFormatError
+from ..errors import CheckpointError, UnsupportedFormatError
 
 __all__ = [
     "NUMPY_WRAPS_NEGATIVES",

@@ -28,14 +28,14 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .errors import (
+from ..errors import (
     CheckpointError,
     FileChangedError,
     FileTooLargeError,
     TruncatedError,
     UnsupportedFormatError,
 )
-from .paths import field_name
+from ..paths import field_name
 from .transfer import PARALLEL_MIN_BYTES, Extents, address_of, plain_fd, read_extents
 
 __all__ = ["FileStamp", "Source", "open_source", "open_regular", "file_kind", "PathOrFile"]

@@ -38,8 +38,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .errors import TruncatedError
-from .paths import field_name
+from ..errors import TruncatedError
+from ..paths import field_name
 
 __all__ = [
     "CHUNK_BYTES",

@@ -11,34 +11,28 @@ from typing import Any, BinaryIO
 import numpy as np
 from construct import Container
 
-from ..formats.float32_state import TENSOR_COUNT, TENSOR_DTYPE, TENSORS
-from ..formats.framing import FLOAT32_STATE_MAGIC
-from ..formats.primitives import product
-from .adam_types import PayloadSink
-from .batches import RecordBatch
-from .errors import (
+from ...formats.float32_state import TENSOR_COUNT, TENSOR_DTYPE, TENSORS
+from ...formats.framing import FLOAT32_STATE_MAGIC
+from ...formats.primitives import product
+from ..errors import (
     SchemaMismatchError,
     differs,
     names_the_file,
 )
-from .float32_state_writer import (
-    float32_state_layout,
-    write_float32_extents,
-    write_float32_state,
-)
-from .framed import check_trailing, read_framing
-from .gcpause import gc_paused
-from .plan import fast_path
-from .schema_check import check_shape_field
-from .source import FileStamp, PathOrFile, open_source
-from .staging import same_bytes
+from ..fileio.gcpause import gc_paused
+from ..fileio.source import FileStamp, PathOrFile, open_source
+from ..fileio.staging import same_bytes
+from ..fileio.transfer import Extents, address_of, read_extents
+from ..paths import Path, field_name
+from ..spec.batches import RecordBatch
+from ..spec.framed import check_trailing, read_framing
+from ..spec.plan import fast_path
+from ..spec.schema_check import check_shape_field
+from ..spec.walker import Visitor, parse
+from ..values.payload_sinks import PayloadSink
 from .state_template import check_headers, record_values, template_for
-from .transfer import Extents, address_of, read_extents
-from .walker import Path, Visitor, field_name, parse
 
 __all__ = [
-    "write_float32_state",
-    "write_float32_extents",
     "read_float32_state",
     "validate_float32_state",
     "read_float32_payloads",
@@ -48,7 +42,6 @@ __all__ = [
     "scan_float32_state",
     "scan_float32_sizes",
     "is_float32_state",
-    "float32_state_layout",
 ]
 
 _TENSOR_DTYPE = np.dtype(TENSOR_DTYPE)

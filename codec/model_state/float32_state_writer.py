@@ -8,18 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from ..formats import registry
-from ..formats.float32_state import TENSOR_DTYPE, WRITTEN_VERSION
-from ..formats.framing import FLOAT32_STATE_MAGIC
-from ..formats.primitives import product
-from .atomic import output
-from .builder import build as build_spec
-from .errors import CheckpointError, UnsupportedFormatError, names_the_file
-from .gcpause import gc_paused
-from .layout import FileLayout, Reserved, layout_of_spec
-from .source import PathOrFile
+from ...formats import registry
+from ...formats.float32_state import TENSOR_DTYPE, WRITTEN_VERSION
+from ...formats.framing import FLOAT32_STATE_MAGIC
+from ...formats.primitives import product
+from ..errors import CheckpointError, UnsupportedFormatError, names_the_file
+from ..fileio.atomic import output
+from ..fileio.gcpause import gc_paused
+from ..fileio.source import PathOrFile
+from ..fileio.transfer import Extents, GatherBatch, address_of, write_gather
+from ..spec.builder import Reserved
+from ..spec.builder import build as build_spec
+from ..spec.layout import FileLayout, layout_of_spec
 from .state_template import template_for
-from .transfer import Extents, GatherBatch, address_of, write_gather
 
 __all__ = ["write_float32_state", "write_float32_extents", "float32_state_layout"]
 

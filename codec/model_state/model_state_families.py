@@ -12,10 +12,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats.framing import FLOAT32_STATE_MAGIC
-from .destinations import ModelStateTarget
-from .errors import ConfigError
-from .families import (
+from ...formats.framing import FLOAT32_STATE_MAGIC
+from ..errors import ConfigError
+from ..families import (
     JSON_FAMILY,
     JSON_WHITESPACE,
     UTF8_BOM,
@@ -23,14 +22,11 @@ from .families import (
     ModelStateFamily,
     register_family,
 )
-from .float32_state import (
-    read_float32_state,
-    scan_float32_sizes,
-    validate_float32_state,
-    write_float32_state,
-)
-from .inspection import ElementCounts, file_size
-from .source import PathOrFile
+from ..fileio.source import PathOrFile
+from ..inspection import ElementCounts, file_size
+from ..values.destinations import ModelStateTarget
+from .float32_state import read_float32_state, scan_float32_sizes, validate_float32_state
+from .float32_state_writer import write_float32_state
 from .state_bits import inspect_state_bits, read_state_bits
 from .state_bits_writer import write_state_bits
 

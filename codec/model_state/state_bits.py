@@ -1,20 +1,20 @@
 """Exact-bits JSON model state (FORMAT.md §5): the validating reader, and ``inspect``'s view.
 
 Reading decides from the first bytes and the file's size whether to read at all
-(:mod:`~tlckpt.codec.json_document`: a destination's largest valid encoding, or the
+(:mod:`~tlckpt.codec.exact_json.json_document`: a destination's largest valid encoding, or the
 ``max_json_bytes`` cap), parses the bytes with orjson (bounded nesting, no code execution),
 refuses duplicate meaningful keys, and validates every field with set-level type checks and
-numpy range checks over all tensors at once (:mod:`~tlckpt.codec.state_words`), not
+numpy range checks over all tensors at once (:mod:`~tlckpt.codec.exact_json.state_words`), not
 per-element (or, for valid files, per-tensor) Python loops. Untrusted bytes raise only
 :class:`~tlckpt.codec.errors.CheckpointError` subclasses (or ``OSError``).
 
-Reading first tries a fast path (:mod:`~tlckpt.codec.json_words`) on documents whose
+Reading first tries a fast path (:mod:`~tlckpt.codec.exact_json.json_words`) on documents whose
 ``values`` arrays make up most of them: the flat arrays are cut out of the bytes and converted
 by numpy without one Python int per word, and orjson parses only the small remainder. It is
 taken only when it provably yields the document orjson would (see :func:`_fast_document`)
 and that document passes every check; on anything else, valid or not, the general path
-(:mod:`~tlckpt.codec.json_diagnosis`) parses the bytes whole and gives the result or the
-error. The writer is :mod:`~tlckpt.codec.state_bits_writer` (re-exported here).
+(:mod:`~tlckpt.codec.exact_json.json_diagnosis`) parses the bytes whole and gives the result or the
+error. The writer is :mod:`~tlckpt.codec.model_state.state_bits_writer` (re-exported here).
 """
 
 from __future__ import annotations
@@ -26,27 +26,23 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
-from ..formats.state_bits import FORMAT_KEY, STATE_KEY, VALUES_KEY, ScalarFormat, parse_tag
-from . import json_words
-from .errors import CheckpointError, SchemaMismatchError, UnsupportedFormatError, names_the_file
-from .families import JSON_FAMILY
-from .gcpause import without_gc
-from .json_diagnosis import (
+from ...formats.state_bits import FORMAT_KEY, STATE_KEY, VALUES_KEY, ScalarFormat, parse_tag
+from ..errors import CheckpointError, SchemaMismatchError, UnsupportedFormatError, names_the_file
+from ..exact_json import json_words
+from ..exact_json.json_diagnosis import (
     element_count_is,
     entry_fields,
     parse_document,
     parse_header,
     words_of,
 )
-from .json_document import (
+from ..exact_json.json_document import (
     DEFAULT_MAX_JSON_BYTES,
     keys_counted_once,
     largest_document,
     read_document,
 )
-from .source import PathOrFile, open_source
-from .state_bits_writer import write_state_bits
-from .state_words import (
+from ..exact_json.state_words import (
     as_arrays,
     counts_match,
     expected_shapes,
@@ -58,8 +54,11 @@ from .state_words import (
     short_name,
     split_arrays,
 )
+from ..families import JSON_FAMILY
+from ..fileio.gcpause import without_gc
+from ..fileio.source import PathOrFile, open_source
 
-__all__ = ["DEFAULT_MAX_JSON_BYTES", "inspect_state_bits", "read_state_bits", "write_state_bits"]
+__all__ = ["inspect_state_bits", "read_state_bits"]
 
 #: How the fast path finds each tensor's words: the member name, as bytes and as JSON text.
 _VALUES_NAME = VALUES_KEY.encode()
@@ -171,7 +170,7 @@ def read_state_bits(
 
     The file is refused from its first bytes if it cannot be exact-bits JSON, and from its
     size if it is larger than the largest valid encoding of ``shapes`` in ``encoding`` (see
-    :mod:`~tlckpt.codec.json_document` for the allowances), before it is read.
+    :mod:`~tlckpt.codec.exact_json.json_document` for the allowances), before it is read.
 
     Args:
         path: the file, or a seekable binary file object (read from its current position).

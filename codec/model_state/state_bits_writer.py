@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import orjson
 
-from ..formats.state_bits import COMPACT, PRETTY, ScalarFormat
-from .atomic import output
-from .errors import CheckpointError, names_the_file
-from .source import PathOrFile
-from .state_words import check_array, format_of, shape_and_words
+from ...formats.state_bits import COMPACT, PRETTY, ScalarFormat
+from ..errors import CheckpointError, names_the_file
+from ..exact_json.state_words import check_array, format_of, shape_and_words
+from ..fileio.atomic import output
+from ..fileio.source import PathOrFile
 
 __all__ = ["write_state_bits"]
 

@@ -26,13 +26,13 @@ import numpy as np
 from construct import Container
 from construct.core import evaluate
 
-from ..formats import registry
-from ..formats.float32_state import WRITTEN_VERSION
-from ..formats.framing import FLOAT32_STATE_MAGIC
-from ..formats.primitives import product
-from .plan import PayloadStep, Records, Run, U64Array, compile_struct, header_format
-from .source import Source
-from .transfer import Extents, address_of, read_extents
+from ...formats import registry
+from ...formats.float32_state import WRITTEN_VERSION
+from ...formats.framing import FLOAT32_STATE_MAGIC
+from ...formats.primitives import product
+from ..fileio.source import Source
+from ..fileio.transfer import Extents, address_of, read_extents
+from ..spec.plan import PayloadStep, Records, Run, U64Array, compile_struct, header_format
 
 __all__ = [
     "StateTemplate",

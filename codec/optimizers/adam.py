@@ -12,8 +12,8 @@ from typing import Any
 
 from construct import Container
 
-from ..formats import registry
-from ..formats.adam import (
+from ...formats import registry
+from ...formats.adam import (
     CONFIG,
     COUNTER_FLAG,
     DTYPE_TAG,
@@ -25,14 +25,11 @@ from ..formats.adam import (
     SCHEMA,
     SLOTS,
     VERSION,
+    AdamKind,
     layout_of,
 )
-from ..formats.framing import ADAM_MAGIC, FRAMING
-from .adam_types import AdamCheckpoint, AdamEntry, PayloadSink
-from .adam_writer import select_version, write_adam
-from .batches import RecordBatch
-from .config import AdamConfig, AdamKind, MomentDtype
-from .errors import (
+from ...formats.framing import ADAM_MAGIC, FRAMING
+from ..errors import (
     CheckpointError,
     ConfigError,
     EntryError,
@@ -40,22 +37,17 @@ from .errors import (
     differs,
     names_the_file,
 )
-from .framed import read_framed
+from ..fileio.source import FileStamp, PathOrFile
+from ..paths import Path, field_name
+from ..spec.batches import RecordBatch
+from ..spec.framed import read_framed
+from ..values.config import AdamConfig, MomentDtype
+from ..values.payload_sinks import PayloadSink
+from ..values.schema import ParameterSchema
+from .adam_types import AdamCheckpoint, AdamEntry
 from .optimizer_reader import OptimizerReader
-from .schema import ParameterSchema
-from .source import FileStamp, PathOrFile
-from .walker import Path, field_name
 
-__all__ = [
-    "AdamEntry",
-    "AdamCheckpoint",
-    "PayloadSink",
-    "read_adam",
-    "validate_adam",
-    "scan_adam",
-    "write_adam",
-    "select_version",
-]
+__all__ = ["read_adam", "validate_adam", "scan_adam"]
 
 
 #: Top-level fields the reader knows; any other a version defines is reported by name.

@@ -11,16 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats.framing import ADAM_MAGIC
-from .adam import AdamCheckpoint, read_adam, scan_adam, scan_adam_sizes
-from .destinations import AdamTarget, OptimizerTarget, parse_adam_target
-from .families import FamilyHandler, register_family
-from .inspection import file_size, float_entry, optimizer_contents
-from .payload_sinks import SkipPayloads
-from .source import PathOrFile
+from ...formats.framing import ADAM_MAGIC
+from ..families import FamilyHandler, register_family
+from ..fileio.source import PathOrFile
+from ..inspection import file_size, float_entry, optimizer_contents
+from ..values.destinations import AdamTarget, OptimizerTarget, parse_adam_target
+from ..values.payload_sinks import SkipPayloads
+from .adam import read_adam, scan_adam, scan_adam_sizes
+from .adam_types import AdamCheckpoint
 from .torchlean_fit import adam_target_of
 
-__all__ = ["ADAM_FAMILY", "SkipPayloads"]
+__all__ = ["ADAM_FAMILY"]
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import AdamConfig
-from .payload_sinks import PayloadSink
-from .schema import ParameterSchema
+from ..values.config import AdamConfig
+from ..values.schema import ParameterSchema
 
-__all__ = ["AdamEntry", "AdamCheckpoint", "PayloadSink"]
+__all__ = ["AdamEntry", "AdamCheckpoint"]
 
 
 @dataclass

@@ -12,18 +12,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..formats import registry
-from ..formats.adam import AdamLayout, CounterPresence, layout_of
-from ..formats.framing import ADAM_MAGIC
+from ...formats import registry
+from ...formats.adam import AdamLayout, CounterPresence, layout_of
+from ...formats.framing import ADAM_MAGIC
+from ..errors import CheckpointError, ConfigError, EntryError, names_the_file
+from ..fileio.atomic import output
+from ..fileio.source import PathOrFile
+from ..spec.builder import Reserved
+from ..spec.builder import build as build_spec
+from ..spec.layout import FileLayout, layout_of_spec
+from ..spec.schema_check import schema_values
+from ..values.config import AdamConfig
+from ..values.schema import ParameterSchema
 from .adam_types import AdamEntry
-from .atomic import output
-from .builder import build as build_spec
-from .config import AdamConfig
-from .errors import CheckpointError, ConfigError, EntryError, names_the_file
-from .layout import FileLayout, Reserved, layout_of_spec
-from .schema import ParameterSchema
-from .schema_check import schema_values
-from .source import PathOrFile
 from .writer_checks import (
     check_entry_step,
     check_moments,

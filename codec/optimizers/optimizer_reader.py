@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 from construct import Container
 
-from ..formats import registry
-from .errors import EntryError, differs
-from .payload_sinks import PayloadSink
-from .schema import ParameterSchema
-from .schema_check import SCHEMA_BLOCKS, SchemaVisitorMixin
-from .walker import Path, Visitor
+from ...formats import registry
+from ..errors import EntryError, differs
+from ..paths import Path
+from ..spec.schema_check import SCHEMA_BLOCKS, SchemaVisitorMixin
+from ..spec.walker import Visitor
+from ..values.payload_sinks import PayloadSink
+from ..values.schema import ParameterSchema
 
 __all__ = ["OptimizerReader"]
 

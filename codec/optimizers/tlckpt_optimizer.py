@@ -15,10 +15,10 @@ from typing import Any
 
 from construct import Container
 
-from ..formats import registry
-from ..formats.framing import OPTIMIZER_MAGIC
-from ..formats.primitives import U64_SIZE, float_bits
-from ..formats.tlckpt_optimizer import (
+from ...formats import registry
+from ...formats.framing import OPTIMIZER_MAGIC
+from ...formats.primitives import U64_SIZE, float_bits
+from ...formats.tlckpt_optimizer import (
     ENTRIES,
     ENTRY_COUNT,
     GROUP_COUNT,
@@ -28,15 +28,15 @@ from ..formats.tlckpt_optimizer import (
     SLOT_GROUPS,
     layout_of,
 )
-from .config import AdamConfig
-from .errors import ConfigError, EntryError, SchemaMismatchError, differs, names_the_file
-from .framed import read_framed
+from ..errors import ConfigError, EntryError, SchemaMismatchError, differs, names_the_file
+from ..fileio.source import PathOrFile
+from ..paths import Path, field_name
+from ..spec.framed import read_framed
+from ..values.config import AdamConfig
+from ..values.optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
+from ..values.payload_sinks import PayloadSink
+from ..values.schema import ParameterSchema
 from .optimizer_reader import OptimizerReader
-from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
-from .payload_sinks import PayloadSink
-from .schema import ParameterSchema
-from .source import PathOrFile
-from .walker import Path, field_name
 
 __all__ = [
     "OptimizerExpectation",

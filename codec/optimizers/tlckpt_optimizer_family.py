@@ -17,22 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.framing import OPTIMIZER_MAGIC
-from ..formats.tlckpt_optimizer import GROUP_FLAGS, GROUP_FLOATS
-from .config import AdamKind
-from .destinations import AdamTarget, OptimizerTarget, parse_optimizer_target
-from .families import FamilyExample, FamilyHandler, register_family
-from .inspection import file_size, float_entry, optimizer_contents
-from .optimizer_types import (
+from ...formats.adam import AdamKind
+from ...formats.framing import OPTIMIZER_MAGIC
+from ...formats.tlckpt_optimizer import GROUP_FLAGS, GROUP_FLOATS
+from ..families import FamilyExample, FamilyHandler, register_family
+from ..fileio.source import PathOrFile
+from ..inspection import file_size, float_entry, optimizer_contents
+from ..values.destinations import AdamTarget, OptimizerTarget, parse_optimizer_target
+from ..values.optimizer_types import (
     MOMENT_DTYPE_NAMES,
     OptimizerCheckpoint,
     OptimizerEntry,
     ParamGroupConfig,
     moment_array_dtype,
 )
-from .payload_sinks import SkipPayloads
-from .schema import ParameterSchema
-from .source import PathOrFile
+from ..values.payload_sinks import SkipPayloads
+from ..values.schema import ParameterSchema
 from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state, scan_optimizer_state_sizes
 from .tlckpt_optimizer_writer import write_optimizer_state
 

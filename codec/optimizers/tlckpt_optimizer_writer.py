@@ -12,22 +12,22 @@ from typing import Any
 
 import numpy as np
 
-from ..formats import registry
-from ..formats.framing import OPTIMIZER_MAGIC
-from ..formats.tlckpt_optimizer import FROZEN_STATE_VERSION, WRITTEN_VERSION
-from .atomic import output
-from .builder import build as build_spec
-from .errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
-from .optimizer_types import (
+from ...formats import registry
+from ...formats.framing import OPTIMIZER_MAGIC
+from ...formats.tlckpt_optimizer import FROZEN_STATE_VERSION, WRITTEN_VERSION
+from ..errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError, names_the_file
+from ..fileio.atomic import output
+from ..fileio.source import PathOrFile
+from ..spec.builder import build as build_spec
+from ..spec.schema_check import schema_values
+from ..values.optimizer_types import (
     OptimizerEntry,
     ParamGroupConfig,
     moment_array_dtype,
     moment_tag,
     validate_group,
 )
-from .schema import ParameterSchema
-from .schema_check import schema_values
-from .source import PathOrFile
+from ..values.schema import ParameterSchema
 from .writer_checks import (
     check_entry_step,
     check_moments,

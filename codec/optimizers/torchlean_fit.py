@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .config import AdamConfig, AdamKind, MomentDtype
-from .destinations import AdamTarget, OptimizerTarget
-from .errors import ConfigError
-from .optimizer_types import ParamGroupConfig
-from .schema import ParameterSchema
+from ...formats.adam import AdamKind
+from ..errors import ConfigError
+from ..values.config import AdamConfig, MomentDtype
+from ..values.destinations import AdamTarget, OptimizerTarget
+from ..values.optimizer_types import ParamGroupConfig
+from ..values.schema import ParameterSchema
 
 __all__ = ["Misfit", "TorchLeanFit", "torchlean_fit", "adam_target_of"]
 

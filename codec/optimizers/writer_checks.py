@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.primitives import U64_MAX
-from .errors import ConfigError, EntryError, SchemaMismatchError
-from .schema import ParameterSchema
+from ...formats.primitives import U64_MAX
+from ..errors import ConfigError, EntryError, SchemaMismatchError
+from ..values.schema import ParameterSchema
 
 __all__ = [
     "check_schema",

@@ -35,67 +35,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from ..formats.checkpoint_set import (
+from ...formats.checkpoint_set import (
     MAX_TRAINING_STATE_BYTES,
     MODEL_BITS_VERSION,
     TRAINING_STATE_FAMILY,
     TRAINING_STATE_VERSION,
 )
-from .errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
-from .families import JSON_FAMILY
-from .inspection import inspect
+from ..errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
+from ..families import JSON_FAMILY
+from ..fileio.source import FileStamp, open_regular
+from ..inspection import inspect
 
 # The parts of the protocol live in their own modules; this one verifies, and names them all.
-from .set_commit import SetWriter, clean_leftovers, remove_set
 from .set_digests import (
-    GAP_BYTES,
-    HASH_CHUNK,
-    PARALLEL_DIGEST_BYTES,
     DigestingReader,
-    DigestingWriter,
     hash_file,
 )
 from .set_documents import Manifest, MemberRecord, TrainingState, parse_training_state
 from .set_folders import (
     SkippedCheckpointWarning,
     candidate_steps,
-    check_step,
-    committed_steps,
-    library_name,
     not_regular_member,
-    read_manifest,
     read_manifest_bytes,
-    retention_victims,
-    scan_sets,
     set_path,
 )
 from .set_keys import as_key
-from .source import FileStamp, open_regular
 
 __all__ = [
-    "SkippedCheckpointWarning",
-    "DigestingWriter",
-    "DigestingReader",
-    "SetWriter",
     "VerifiedSet",
-    "check_step",
-    "set_path",
-    "committed_steps",
-    "candidate_steps",
-    "scan_sets",
-    "read_manifest",
     "latest_verified",
     "newest_usable",
     "RELISTS",
-    "clean_leftovers",
-    "remove_set",
-    "retention_victims",
-    "library_name",
     "warn_skipped",
     "verify_checkpoint",
-    "HASH_CHUNK",
-    "PARALLEL_DIGEST_BYTES",
-    "GAP_BYTES",
 ]
 
 

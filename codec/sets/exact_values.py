@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats import checkpoint_set as layout
-from ..formats.checkpoint_set import (
+from ...formats import checkpoint_set as layout
+from ...formats.checkpoint_set import (
     DEFAULT_FACTORIES,
     INT_RANGE,
     TAG_COUNTER,
@@ -51,7 +51,7 @@ from ..formats.checkpoint_set import (
     TAG_TENSOR,
     TAG_TUPLE,
 )
-from .errors import CheckpointError, MalformedError
+from ..errors import CheckpointError, MalformedError
 
 __all__ = ["TensorScalar", "encode_value", "decode_value", "json_path"]
 

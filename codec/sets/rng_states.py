@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import MalformedError
+from ..errors import MalformedError
 from .set_document_checks import exact_keys, short
 
 __all__ = ["MT_WORDS", "check_numpy_state", "check_random_state"]

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..formats.checkpoint_set import MANIFEST_FILE, folder_name
-from .atomic import (
+from ...formats.checkpoint_set import MANIFEST_FILE, folder_name
+from ..families import head_family
+from ..fileio.atomic import (
     exchange,
     fsync_folder,
     is_library_temporary,
@@ -27,7 +28,6 @@ from .atomic import (
     temporary_name,
     temporary_prefix,
 )
-from .families import head_family
 from .set_digests import DigestingWriter
 from .set_documents import MemberRecord, build_manifest
 from .set_folders import check_step, library_name

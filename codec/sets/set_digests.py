@@ -12,7 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from .families import HEAD_BYTES
+from ..families import HEAD_BYTES
 from .set_keys import SetKey, member_hash
 
 __all__ = [

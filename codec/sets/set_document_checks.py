@@ -10,14 +10,14 @@ from typing import Any
 
 import orjson
 
-from ..formats import checkpoint_set as layout
-from .errors import (
+from ...formats import checkpoint_set as layout
+from ..errors import (
     FileTooLargeError,
     MalformedError,
     UnsupportedFormatError,
     UnsupportedVersionError,
 )
-from .json_document import duplicate_key_anywhere
+from ..exact_json.json_document import duplicate_key_anywhere
 
 __all__ = [
     "parse_json_document",

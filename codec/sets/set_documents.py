@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 import xxhash
 
-from ..formats import checkpoint_set as layout
-from ..formats.checkpoint_set import (
+from ...formats import checkpoint_set as layout
+from ...formats.checkpoint_set import (
     DIGEST_ALGORITHM,
     DIGEST_HEX_DIGITS,
     KEY_ID_HEX_DIGITS,
@@ -43,8 +43,8 @@ from ..formats.checkpoint_set import (
     TRAINING_STATE_KEYS,
     TRAINING_STATE_VERSION,
 )
-from ..formats.primitives import U64_MAX
-from .errors import (
+from ...formats.primitives import U64_MAX
+from ..errors import (
     CheckpointError,
     IntegrityError,
     KeyRequiredError,
@@ -70,7 +70,6 @@ __all__ = [
     "parse_manifest",
     "build_training_state",
     "parse_training_state",
-    "parse_json_document",
 ]
 
 

@@ -12,17 +12,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..formats.checkpoint_set import (
+from ...formats.checkpoint_set import (
     FOLDER_PATTERN,
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
     STEP_MAX,
     folder_name,
 )
-from .errors import CheckpointError, FileTooLargeError, IntegrityError
+from ..errors import CheckpointError, FileTooLargeError, IntegrityError
+from ..fileio.source import file_kind, open_regular
 from .set_documents import Manifest, parse_manifest
 from .set_keys import SetKey
-from .source import file_kind, open_regular
 
 __all__ = [
     "SkippedCheckpointWarning",

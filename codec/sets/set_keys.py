@@ -14,14 +14,14 @@ from typing import Any
 import blake3
 import xxhash
 
-from ..formats.checkpoint_set import (
+from ...formats.checkpoint_set import (
     KEY_BYTES,
     KEY_ID_CONTEXT,
     KEY_ID_HEX_DIGITS,
     MANIFEST_KEY_CONTEXT,
     MEMBER_KEY_CONTEXT,
 )
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["SetKey", "as_key", "read_key_file", "member_hash"]
 

@@ -37,8 +37,8 @@ import numpy as np
 from construct import Container
 from construct.core import evaluate
 
+from ..fileio.source import Source
 from .plan import Nested, PayloadStep, Records, Run, checks_pass, child_context
-from .source import Source
 
 __all__ = [
     "CHUNK_BYTES",

@@ -10,7 +10,7 @@
   interpreter into a scratch buffer, which raises the exact error;
 * the header bytes of a record are built once per distinct header and reused.
 
-Under :func:`~tlckpt.codec.plan.interpreted` every field goes through construct.
+Under :func:`~tlckpt.codec.spec.plan.interpreted` every field goes through construct.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import numpy as np
 from construct import ConstructError, Container, Struct
 from construct.core import evaluate
 
+from ..errors import CheckpointError, from_construct
+from ..fileio.gcpause import gc_paused
+from ..paths import Path, field_name
 from . import plan
-from .errors import CheckpointError, from_construct
-from .gcpause import gc_paused
-from .paths import Path, field_name
 from .plan import (
     Branch,
     CheckKind,

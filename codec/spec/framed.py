@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..formats import registry
-from ..formats.framing import MAGIC_SIZE, VERSION_OFFSET
-from ..formats.primitives import U64_SIZE, unpack_u64
-from .errors import TrailingDataError, UnsupportedFormatError, UnsupportedVersionError
-from .source import FileStamp, PathOrFile, Source, open_source
+from ...formats import registry
+from ...formats.framing import MAGIC_SIZE, VERSION_OFFSET
+from ...formats.primitives import U64_SIZE, unpack_u64
+from ..errors import TrailingDataError, UnsupportedFormatError, UnsupportedVersionError
+from ..fileio.source import FileStamp, PathOrFile, Source, open_source
 from .walker import Visitor, parse
 
 __all__ = ["read_framing", "check_trailing", "family_name", "read_framed"]

@@ -17,10 +17,10 @@ from typing import Any
 
 from construct import Struct
 
-from .builder import Reserved, build
-from .paths import Path
+from ..paths import Path
+from .builder import build
 
-__all__ = ["FileLayout", "PayloadPlace", "Reserved", "layout_of_spec"]
+__all__ = ["FileLayout", "PayloadPlace", "layout_of_spec"]
 
 
 @dataclass(frozen=True)

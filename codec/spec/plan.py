@@ -31,7 +31,7 @@ from construct import (
     Struct,
 )
 
-from ..formats.primitives import Payload, Valid, unwrap
+from ...formats.primitives import Payload, Valid, unwrap
 
 __all__ = [
     "CheckKind",

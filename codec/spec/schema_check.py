@@ -7,12 +7,12 @@ from typing import Any
 
 from construct import Container
 
-from ..formats.primitives import U64_SIZE, product
-from ..formats.schema import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
+from ...formats.primitives import U64_SIZE, product
+from ...formats.schema import REPRESENTATIVES, SCHEMA, SLOT_COUNT, SLOTS
+from ..errors import SchemaMismatchError, differs
+from ..paths import Path, field_name
+from ..values.schema import ParameterSchema
 from .batches import RecordBatch
-from .errors import SchemaMismatchError, differs
-from .schema import ParameterSchema
-from .walker import Path, field_name
 
 __all__ = ["check_shape_field", "SCHEMA_BLOCKS", "SchemaVisitorMixin", "schema_values"]
 

@@ -31,12 +31,12 @@ import numpy as np
 from construct import ConstructError, Container, Struct
 from construct.core import evaluate
 
+from ..errors import CheckpointError, MalformedError, from_construct
+from ..fileio.gcpause import gc_paused
+from ..fileio.source import Source
+from ..paths import Path, field_name
 from .batches import ChunkWindow, RecordBatch, batchable, scan_batch
-from .builder import build
-from .errors import CheckpointError, MalformedError, from_construct
-from .gcpause import gc_paused
 from .header_scan import Headers, scan_decoded
-from .paths import Path, field_name
 from .plan import (
     Branch,
     Nested,
@@ -50,11 +50,9 @@ from .plan import (
     fast_path,
     fixed_size,
     header_format,
-    interpreted,
 )
-from .source import Source
 
-__all__ = ["Path", "Visitor", "VisitorProtocol", "parse", "build", "field_name", "interpreted"]
+__all__ = ["Visitor", "VisitorProtocol", "parse"]
 
 #: Fewest alike records handed to a visitor as one batch; shorter runs are walked.
 MIN_BATCH = 16

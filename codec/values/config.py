@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.adam import DTYPE_TAGS, AdamKind, DtypeTag
-from ..formats.primitives import float_bits
-from .errors import ConfigError
+from ...formats.adam import DTYPE_TAGS, AdamKind, DtypeTag
+from ...formats.primitives import float_bits
+from ..errors import ConfigError
 
-__all__ = ["AdamKind", "MomentDtype", "AdamConfig", "float_bits"]
+__all__ = ["MomentDtype", "AdamConfig"]
 
 
 class MomentDtype(enum.Enum):

@@ -29,10 +29,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats.primitives import bits_float
-from ..formats.state_bits import encoding_by_name
-from .config import AdamConfig, AdamKind, MomentDtype
-from .errors import CheckpointError, MalformedError
+from ...formats.adam import AdamKind
+from ...formats.primitives import bits_float
+from ...formats.state_bits import encoding_by_name
+from ..errors import CheckpointError, MalformedError
+from .config import AdamConfig, MomentDtype
 from .optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig
 from .schema import ParameterSchema
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.adam import AdamKind
-from ..formats.primitives import Valid, float_bits, unwrap
-from ..formats.tlckpt_optimizer import (
+from ...formats.adam import AdamKind
+from ...formats.primitives import Valid, float_bits, unwrap
+from ...formats.tlckpt_optimizer import (
     GROUP_FLAGS,
     GROUP_FLOATS,
     MOMENT_ARRAYS,
     MOMENT_DTYPES,
     PARAM_GROUP,
 )
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import ParameterSchema
 
 __all__ = [

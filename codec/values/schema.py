@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..formats.primitives import product
+from ...formats.primitives import product
 
 __all__ = ["ParameterSchema"]
 

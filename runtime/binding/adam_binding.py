@@ -6,7 +6,7 @@ betas, eps, weight decay, lr, amsgrad, maximize) and each slot's dtype. What no 
 is refused there, before any file is opened: another optimizer, parameters the optimizer and
 the module disagree on, tied slots tracked separately, moments of a dtype neither family has
 (complex, float8, integers). Whether the state also fits one of TorchLean's ``TLADAMF``
-versions is :meth:`AdamBinding.fit`'s verdict (:mod:`tlckpt.codec.torchlean_fit`);
+versions is :meth:`AdamBinding.fit`'s verdict (:mod:`tlckpt.codec.optimizers.torchlean_fit`);
 :func:`bind_adam` requires it.
 
 It also knows the form of the ``step`` tensor each optimizer setting expects (mirroring
@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
-from ..codec.config import AdamConfig, AdamKind
-from ..codec.errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError
-from ..codec.optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig, validate_group
-from ..codec.torchlean_fit import TorchLeanFit, torchlean_fit
+from ...codec.errors import CheckpointError, ConfigError, EntryError, SchemaMismatchError
+from ...codec.optimizers.torchlean_fit import TorchLeanFit, torchlean_fit
+from ...codec.values.config import AdamConfig
+from ...codec.values.optimizer_types import MOMENT_DTYPE_NAMES, ParamGroupConfig, validate_group
+from ...formats.adam import AdamKind
 from .slots import ModuleOrParams, ParameterSlots, parameter_slots
 
 __all__ = [

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..codec.errors import CheckpointError, ConfigError, EntryError
-from ..codec.optimizer_types import MOMENT_DTYPE_NAMES
-from ..formats.tlckpt_optimizer import MOMENTS
+from ...codec.errors import CheckpointError, ConfigError, EntryError
+from ...codec.values.optimizer_types import MOMENT_DTYPE_NAMES
+from ...formats.tlckpt_optimizer import MOMENTS
 from .adam_binding import AdamBinding, step_tensor, step_value
 from .dtensors import is_dtensor, like_dtensor
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..codec.errors import CheckpointError, SchemaMismatchError
-from ..codec.schema import ParameterSchema
+from ...codec.errors import CheckpointError, SchemaMismatchError
+from ...codec.values.schema import ParameterSchema
 from .dtensors import local_tensor
 
 __all__ = ["ParameterSlots", "named_tensors", "parameter_slots", "schema_of", "view_key"]

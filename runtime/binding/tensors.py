@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..codec.errors import CheckpointError, ConfigError
+from ...codec.errors import CheckpointError, ConfigError
 
 __all__ = [
     "ENCODING_OF_DTYPE",

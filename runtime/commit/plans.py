@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..codec.interrupts import deferred_interrupts
+from ...codec.fileio.interrupts import deferred_interrupts
 
 __all__ = [
     "committing",

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from ..codec.source import PathOrFile
-from ..codec.state_bits import read_state_bits, write_state_bits
-from .dtensors import local_tensor
-from .placement import Placement, Take
-from .plans import StatePlan
+from ...codec.fileio.source import PathOrFile
+from ...codec.model_state.state_bits import read_state_bits
+from ...codec.model_state.state_bits_writer import write_state_bits
+from ..binding.dtensors import local_tensor
+from ..binding.tensors import check_convertible, from_file_dtype, from_host, to_file_dtype, to_host
+from ..commit.plans import StatePlan
+from ..placement.placement_protocol import Placement, Take
 from .state_tensors import (
     ModuleOrTensors,
     NamedTensors,
@@ -26,7 +28,6 @@ from .state_tensors import (
     tied_copies,
     written,
 )
-from .tensors import check_convertible, from_file_dtype, from_host, to_file_dtype, to_host
 
 __all__ = ["save", "plan_load"]
 

@@ -19,20 +19,20 @@ import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from ..codec.errors import CheckpointError, PartialLoadError
-from ..codec.float32_state import (
+from ...codec.errors import CheckpointError, PartialLoadError
+from ...codec.fileio.source import PathOrFile
+from ...codec.fileio.staging import fresh_bytes, same_bytes
+from ...codec.fileio.transfer import Extents, address_of, copy_extents
+from ...codec.model_state.float32_state import (
     StateLayout,
     float32_payloads_equal,
     read_float32_extents,
     read_float32_payloads,
-    write_float32_extents,
 )
-from ..codec.source import PathOrFile
-from ..codec.staging import fresh_bytes, same_bytes
-from ..codec.transfer import Extents, address_of, copy_extents
-from .plans import Plan, committing, overwrite
+from ...codec.model_state.float32_state_writer import write_float32_extents
+from ..binding.tensors import HostBuffer, from_file_dtype, to_file_dtype
+from ..commit.plans import Plan, committing, overwrite
 from .state_tensors import NamedTensors, TieCheck, tie_conflict, written
-from .tensors import HostBuffer, from_file_dtype, to_file_dtype
 
 __all__ = [
     "CONVERTED_MAX_BYTES",

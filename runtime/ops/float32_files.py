@@ -34,20 +34,17 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from ..codec.float32_state import (
-    StateLayout,
-    float32_state_layout,
-    validate_float32_state,
-    write_float32_state,
-)
-from ..codec.source import PathOrFile, open_regular
-from ..formats.float32_state import TENSOR_DTYPE
+from ...codec.fileio.source import PathOrFile, open_regular
+from ...codec.model_state.float32_state import StateLayout, validate_float32_state
+from ...codec.model_state.float32_state_writer import float32_state_layout, write_float32_state
+from ...formats.float32_state import TENSOR_DTYPE
+from ..binding.dtensors import fingerprint, local_tensor
+from ..binding.tensors import HostBuffer, check_convertible, from_file_dtype, to_file_dtype
+from ..commit.plans import Plan, StatePlan
+from ..placement.placement_protocol import Placement, Receiver, Take
+from ..placement.positional import read_pieces, save_pieces
 from . import float32_bulk
-from .dtensors import fingerprint, local_tensor
-from .float32_bulk import is_plain, read_extents, read_payloads
-from .placement import Placement, Receiver, Take
-from .plans import Plan, StatePlan
-from .positional import read_pieces, save_pieces
+from .float32_bulk import read_payloads
 from .state_tensors import (
     ModuleOrTensors,
     NamedTensors,
@@ -58,9 +55,8 @@ from .state_tensors import (
     tied_copies,
     written,
 )
-from .tensors import HostBuffer, check_convertible, from_file_dtype, to_file_dtype
 
-__all__ = ["save", "plan_load", "read_payloads", "read_extents", "is_plain"]
+__all__ = ["save", "plan_load"]
 
 #: The element type of every ``TLSF32B`` payload, as the positional reads want it.
 _FILE_DTYPE = np.dtype(TENSOR_DTYPE)

@@ -35,27 +35,28 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from ..codec.adam import read_adam, validate_adam, write_adam
-from ..codec.adam_types import AdamEntry
-from ..codec.adam_writer import adam_layout
-from ..codec.config import AdamConfig, float_bits
-from ..codec.errors import CheckpointError, ConfigError
-from ..codec.families import families_differ
-from ..codec.inspection import sniff_family
-from ..codec.optimizer_types import OptimizerEntry
-from ..codec.source import PathOrFile, open_regular, open_source
-from ..codec.tlckpt_optimizer import read_optimizer_state
-from ..codec.tlckpt_optimizer_writer import write_optimizer_state
-from ..formats.tlckpt_optimizer import GROUP_FLOATS
-from . import adam_moments
-from .adam_binding import AdamBinding, bind_optimizer
-from .adam_moments import SlotState
-from .dtensors import fingerprint, local_tensor, spec_of
-from .placement import Placement, Receiver, Take
-from .plans import OptimizerPlan
-from .positional import read_pieces, save_pieces
-from .slots import ModuleOrParams
-from .tensors import HostBuffer, to_host
+from ...codec.errors import CheckpointError, ConfigError
+from ...codec.families import families_differ
+from ...codec.fileio.source import PathOrFile, open_regular, open_source
+from ...codec.inspection import sniff_family
+from ...codec.optimizers.adam import read_adam, validate_adam
+from ...codec.optimizers.adam_types import AdamEntry
+from ...codec.optimizers.adam_writer import adam_layout, write_adam
+from ...codec.optimizers.tlckpt_optimizer import read_optimizer_state
+from ...codec.optimizers.tlckpt_optimizer_writer import write_optimizer_state
+from ...codec.values.config import AdamConfig
+from ...codec.values.optimizer_types import OptimizerEntry
+from ...formats.primitives import float_bits
+from ...formats.tlckpt_optimizer import GROUP_FLOATS
+from ..binding import adam_moments
+from ..binding.adam_binding import AdamBinding, bind_optimizer
+from ..binding.adam_moments import SlotState
+from ..binding.dtensors import fingerprint, local_tensor, spec_of
+from ..binding.slots import ModuleOrParams
+from ..binding.tensors import HostBuffer, to_host
+from ..commit.plans import OptimizerPlan
+from ..placement.placement_protocol import Placement, Receiver, Take
+from ..placement.positional import read_pieces, save_pieces
 
 __all__ = ["save", "plan_load", "TORCHLEAN_FAMILY", "OWN_FAMILY"]
 

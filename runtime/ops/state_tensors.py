@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError
-from .dtensors import fingerprint, local_tensor, spec_of
-from .placement import Receiver
-from .plans import StatePlan
-from .slots import named_tensors, view_key
-from .tensors import encoding_of, file_dtype_of
+from ...codec.errors import CheckpointError, ConfigError, SchemaMismatchError
+from ..binding.dtensors import fingerprint, local_tensor, spec_of
+from ..binding.slots import named_tensors, view_key
+from ..binding.tensors import encoding_of, file_dtype_of
+from ..commit.plans import StatePlan
+from ..placement.placement_protocol import Receiver
 
 __all__ = [
     "ModuleOrTensors",

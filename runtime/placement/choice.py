@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dtensors import sharded
+from ..binding.dtensors import sharded
 from .local_placement import LOCAL
-from .placement_protocol import Placement, Receiver, Take, WhyNot
+from .placement_protocol import Placement
 
-__all__ = ["Placement", "Receiver", "Take", "WhyNot", "placement_for"]
+__all__ = ["placement_for"]
 
 
 def placement_for(module_or_tensors: Any) -> Placement:

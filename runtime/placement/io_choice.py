@@ -15,8 +15,8 @@ import hashlib
 import os
 from typing import Any
 
-from ..codec.errors import CheckpointError, ConfigError
-from ..codec.source import open_regular
+from ...codec.errors import CheckpointError, ConfigError
+from ...codec.fileio.source import open_regular
 from .collectives import all_agree, all_rows, broadcast_json, is_writer, share_verdict
 from .sharded_io import ENV, LOGGER, ShardedIO, record
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..binding.tensors import HostBuffer
 from .placement_protocol import Placement
-from .tensors import HostBuffer
 
 __all__ = ["LocalPlacement", "LocalReceiver", "LOCAL"]
 

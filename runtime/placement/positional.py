@@ -1,8 +1,8 @@
 """Parallel sharded I/O: every rank writes and reads its own bytes of the one file.
 
-Every byte offset of a binary checkpoint follows from its metadata (:mod:`tlckpt.codec.layout`),
-and a DTensor's local piece (its rows under ``Shard(0)``, FSDP2's layout) is a known set of
-element ranges of the tensor's payload. So each rank computes where its own bytes go and
+Every byte offset of a binary checkpoint follows from its metadata
+(:mod:`tlckpt.codec.spec.layout`), and a DTensor's local piece (its rows under ``Shard(0)``,
+FSDP2's layout) is a known set of element ranges of the tensor's payload. So each rank computes where its own bytes go and
 writes them with ``os.pwrite`` into the one file, or reads them with ``os.preadv``: the file
 is the one a single process writes, at the ranks' aggregate bandwidth, and rank 0 holds no
 other rank's bytes.
@@ -18,7 +18,7 @@ Which rank writes which bytes:
 * any other placement (``Partial``, strided shards): the parallel path is not taken for
   the call (:func:`unsupported`), which then streams through rank 0.
 
-A save (:func:`save_pieces`): rank 0 creates the temporary (:func:`~tlckpt.codec.atomic.
+A save (:func:`save_pieces`): rank 0 creates the temporary (:func:`~tlckpt.codec.fileio.atomic.
 create_temporary`: the atomic writes' naming and lock, so that a killed save's leftover is
 cleaned as any other), sizes it and writes the headers; verdict; every rank opens the
 temporary by name, writes its pieces and ``fsync`` s them; verdict (a failure anywhere: rank
@@ -41,18 +41,18 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from ..codec.atomic import (
+from ...codec.errors import SchemaMismatchError, TruncatedError
+from ...codec.fileio.atomic import (
     Temporary,
     commit_temporary,
     create_temporary,
     discard_temporary,
     is_temporary,
 )
-from ..codec.errors import SchemaMismatchError, TruncatedError
-from ..codec.layout import FileLayout
-from ..codec.source import FileStamp, open_source
+from ...codec.fileio.source import FileStamp, open_source
+from ...codec.spec.layout import FileLayout
+from ..binding.dtensors import is_dtensor, local_tensor
 from .collectives import broadcast_json, is_writer, share_verdict
-from .dtensors import is_dtensor, local_tensor
 
 __all__ = [
     "Piece",

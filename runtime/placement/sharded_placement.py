@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..binding.tensors import HostBuffer
 from .collectives import (
     GatherStream,
     ScatterStream,
@@ -36,7 +37,6 @@ from .collectives import (
     writer_runs,
 )
 from .placement_protocol import Placement, WhyNot
-from .tensors import HostBuffer
 
 __all__ = ["ShardedPlacement", "ScatterReceiver"]
 

@@ -31,25 +31,12 @@ from typing import Any
 
 import torch
 
-from ..codec.checkpoint_set import (
-    check_step,
-    clean_leftovers,
-    committed_steps,
-    latest_verified,
-    remove_set,
-    retention_victims,
-    set_path,
-)
-from ..codec.set_keys import as_key
-from .checkpoint_sets import (
-    Restored,
-    Targets,
-    live_source,
-    restore_latest,
-    restore_set,
-    snapshot_source,
-    write_set,
-)
+from ...codec.sets.checkpoint_set import latest_verified
+from ...codec.sets.set_commit import clean_leftovers, remove_set
+from ...codec.sets.set_folders import check_step, committed_steps, retention_victims, set_path
+from ...codec.sets.set_keys import as_key
+from .set_restoring import Restored, Targets, restore_latest, restore_set
+from .set_writing import live_source, snapshot_source, write_set
 from .snapshot import Snapshotter
 
 __all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
@@ -133,7 +120,7 @@ class CheckpointManager:
         keep_every: also keep every set whose step is a multiple of this.
         key: sign every set with this 32-byte key (blocking and background saves), and
             accept only sets signed with it: :meth:`latest` and :meth:`restore` pass over
-            (with a :class:`~tlckpt.codec.checkpoint_set.SkippedCheckpointWarning`) every
+            (with a :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning`) every
             set that does not authenticate. Only keys derived from it are kept, and
             never shown.
 
@@ -290,7 +277,7 @@ class CheckpointManager:
         """The newest set that verifies (every member's size and digest), or ``None``.
 
         Every newer set passed over is named in a
-        :class:`~tlckpt.codec.checkpoint_set.SkippedCheckpointWarning` with the member and
+        :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning` with the member and
         the check that failed.
         """
         return latest_verified(self.directory, key=self._key)

@@ -4,7 +4,7 @@ one, all or nothing.
 Writing (:func:`write_set`) takes a :class:`SetSource`: the live objects (a blocking save)
 or a :class:`~.snapshot.Snapshot` of them (a background save) — the same code writes both.
 Members go through the public save functions into the codec's digesting writers
-(:class:`~tlckpt.codec.checkpoint_set.SetWriter`), the training-state document is written,
+(:class:`~tlckpt.codec.sets.checkpoint_set.SetWriter`), the training-state document is written,
 then the manifest commits the set.
 
 Restoring (:func:`restore_set`) has two phases:
@@ -35,25 +35,14 @@ from typing import Any
 
 import torch
 
-from ..codec.set_keys import as_key
+from ...codec.sets.set_keys import as_key
 
 # Writing and restoring live in their own modules; this one offers the public functions
 # and names all of them.
-from .set_restoring import Restored, Targets, restore_latest, restore_set
-from .set_writing import SetSource, live_source, snapshot_source, write_set
+from .set_restoring import Restored, Targets, restore_set
+from .set_writing import live_source, write_set
 
-__all__ = [
-    "Restored",
-    "Targets",
-    "SetSource",
-    "live_source",
-    "snapshot_source",
-    "write_set",
-    "restore_set",
-    "restore_latest",
-    "save_checkpoint",
-    "load_checkpoint",
-]
+__all__ = ["save_checkpoint", "load_checkpoint"]
 
 
 def save_checkpoint(

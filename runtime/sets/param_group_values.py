@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from ..codec.errors import ConfigError
-from ..codec.exact_values import TensorScalar
-from ..codec.set_document_checks import short
+from ...codec.errors import ConfigError
+from ...codec.sets.exact_values import TensorScalar
+from ...codec.sets.set_document_checks import short
 
 __all__ = ["MEMBER_KEYS", "EXECUTION_FLAGS", "restored_values"]
 

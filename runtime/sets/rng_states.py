@@ -1,7 +1,7 @@
 """The global random states of a checkpoint set, checked whole and made ready to install
 (a restore with ``rng=True``); the installing itself is the commit's.
 
-numpy's and ``random``'s states are checked by :mod:`tlckpt.codec.rng_states` (the document
+numpy's and ``random``'s states are checked by :mod:`tlckpt.codec.sets.rng_states` (the document
 parser already did; checked again here, cheaply, for a state built by other means). torch's
 are byte strings in torch's own layouts:
 
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codec.errors import ConfigError, MalformedError
-from ..codec.rng_states import MT_WORDS, check_numpy_state
+from ...codec.errors import ConfigError, MalformedError
+from ...codec.sets.rng_states import MT_WORDS, check_numpy_state
 
 __all__ = ["CPU_STATE_BYTES", "cpu_state", "cuda_states", "numpy_state"]
 

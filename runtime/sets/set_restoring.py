@@ -14,20 +14,19 @@ from typing import Any
 
 import torch
 
-from ..codec.checkpoint_set import (
-    VerifiedSet,
-    newest_usable,
-    set_path,
-)
-from ..codec.errors import CheckpointError, SchemaMismatchError
-from ..codec.set_keys import as_key
-from ..formats.checkpoint_set import MODEL_FLOAT32_FILE
-from . import bits_files, float32_files, optimizer_files, training_state
-from .local_placement import LOCAL
-from .placement import Placement, placement_for
-from .plans import committing
+from ...codec.errors import CheckpointError, SchemaMismatchError
+from ...codec.sets.checkpoint_set import VerifiedSet, newest_usable
+from ...codec.sets.set_folders import set_path
+from ...codec.sets.set_keys import as_key
+from ...formats.checkpoint_set import MODEL_FLOAT32_FILE
+from ..commit.plans import committing
+from ..ops import bits_files, float32_files, optimizer_files
+from ..ops.state_tensors import state_tensors
+from ..placement.choice import placement_for
+from ..placement.local_placement import LOCAL
+from ..placement.placement_protocol import Placement
+from . import training_state
 from .set_writing import require_module
-from .state_tensors import state_tensors
 
 __all__ = ["Restored", "Targets", "restore_set", "restore_latest"]
 
@@ -215,9 +214,9 @@ def _restore_sharded(
 ) -> Restored:
     """Rank 0 verifies (and authenticates) and reads the documents, every rank gets them,
     every rank plans and commits (the loads are collectives)."""
-    from ..codec.set_documents import parse_manifest, parse_training_state
-    from ..formats.checkpoint_set import MAX_MANIFEST_BYTES, MAX_TRAINING_STATE_BYTES
-    from .collectives import broadcast_bytes, is_writer
+    from ...codec.sets.set_documents import parse_manifest, parse_training_state
+    from ...formats.checkpoint_set import MAX_MANIFEST_BYTES, MAX_TRAINING_STATE_BYTES
+    from ..placement.collectives import broadcast_bytes, is_writer
 
     placement = placement_for(targets.model)
     with contextlib.ExitStack() as stack:
@@ -252,7 +251,7 @@ def restore_latest(
     (with a warning naming the set, the member and the check) every newer one that does
     not; sets that vanish meanwhile (another process's retention) make it look at the
     directory again, a bounded number of times
-    (:func:`~tlckpt.codec.checkpoint_set.newest_usable`).
+    (:func:`~tlckpt.codec.sets.checkpoint_set.newest_usable`).
 
     Raises:
         CheckpointError: no set verifies; or the newest verified set does not fit the

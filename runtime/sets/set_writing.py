@@ -1,6 +1,6 @@
 """Writing a checkpoint set from torch objects: the source of a save (the live objects, or a
 snapshot of them) and :func:`write_set`, through the public save functions into the codec's
-:class:`~tlckpt.codec.checkpoint_set.SetWriter` (see :mod:`.checkpoint_sets`).
+:class:`~tlckpt.codec.sets.checkpoint_set.SetWriter` (see :mod:`.checkpoint_sets`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..codec.checkpoint_set import SetWriter
-from ..codec.errors import CheckpointError
-from ..formats.checkpoint_set import (
+from ...codec.errors import CheckpointError
+from ...codec.sets.set_commit import SetWriter
+from ...formats.checkpoint_set import (
     MODEL_BITS_FILE,
     MODEL_BITS_VERSION,
     MODEL_FLOAT32_FILE,
@@ -24,15 +24,15 @@ from ..formats.checkpoint_set import (
     TRAINING_STATE_FILE,
     TRAINING_STATE_VERSION,
 )
-from ..formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
+from ...formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
+from ..binding.tensors import file_dtype_of
+from ..module_state import save_module_state, save_state_bits
+from ..ops.state_tensors import state_tensors
+from ..optimizer import save_optimizer
+from ..placement.choice import placement_for
+from ..placement.local_placement import LOCAL
 from . import training_state
-from .local_placement import LOCAL
-from .module_state import save_module_state, save_state_bits
-from .optimizer import save_optimizer
-from .placement import placement_for
 from .snapshot import Snapshot
-from .state_tensors import state_tensors
-from .tensors import file_dtype_of
 
 __all__ = ["SetSource", "live_source", "snapshot_source", "require_module", "write_set"]
 
@@ -178,7 +178,7 @@ def _write_sharded(
     """Every rank writes its part through the collective save functions; rank 0 commits
     the manifest once every rank has confirmed (every member's bytes pass through rank 0's
     digesting writers, keyed when the set is signed)."""
-    from .collectives import is_writer, share_verdict, world_size
+    from ..placement.collectives import is_writer, share_verdict, world_size
 
     with contextlib.ExitStack() as stack:
         writer: SetWriter | None = None

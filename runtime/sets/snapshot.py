@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from ..codec.errors import CheckpointError
-from .dtensors import sharded
-from .slots import view_key
-from .state_tensors import NamedTensors, state_tensors
+from ...codec.errors import CheckpointError
+from ..binding.dtensors import sharded
+from ..binding.slots import view_key
+from ..ops.state_tensors import NamedTensors, state_tensors
 
 __all__ = ["Snapshot", "Snapshotter"]
 

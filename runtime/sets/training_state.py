@@ -6,7 +6,7 @@ Captured: the scheduler's ``state_dict``, every optimizer param group's hyperpar
 scheduler's own state would not), the random counter, the global random states (torch's CPU
 generator, each initialised CUDA device's, numpy's legacy global generator, Python's
 ``random``), the step and the caller's ``extra``. Values travel as exact JSON
-(:mod:`tlckpt.codec.exact_values`); one that JSON cannot hold exactly is refused, naming
+(:mod:`tlckpt.codec.sets.exact_values`); one that JSON cannot hold exactly is refused, naming
 where it is, before anything is written.
 
 A restore is prepared first (:func:`prepare`: every value checked against the live objects,
@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codec.errors import CheckpointError, ConfigError
-from ..codec.exact_values import TensorScalar
-from ..codec.rng_states import check_random_state
-from ..codec.set_documents import TrainingState, build_training_state
+from ...codec.errors import CheckpointError, ConfigError
+from ...codec.sets.exact_values import TensorScalar
+from ...codec.sets.rng_states import check_random_state
+from ...codec.sets.set_documents import TrainingState, build_training_state
+from ..commit.rollback import Rollback
 from . import rng_states
 from .param_group_values import restored_values
-from .rollback import Rollback
 
 __all__ = ["capture", "prepare", "Application"]
 

@@ -15,7 +15,7 @@ from cli_support import refused, run_ok
 
 import tlckpt
 from tlckpt.cli.printable import printable
-from tlckpt.codec.set_documents import _self_digest
+from tlckpt.codec.sets.set_documents import _self_digest
 
 
 def _set(directory: Path) -> Path:

@@ -25,14 +25,10 @@ import torch
 from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
-from tlckpt.codec import (
-    FileChangedError,
-    PartialLoadError,
-    TruncatedError,
-    transfer,
-)
-from tlckpt.codec import state_bits as state_bits_module
-from tlckpt.runtime import float32_bulk, float32_files
+from tlckpt.codec import FileChangedError, PartialLoadError, TruncatedError
+from tlckpt.codec.fileio import transfer
+from tlckpt.codec.model_state import state_bits as state_bits_module
+from tlckpt.runtime.ops import float32_bulk, float32_files
 
 lm = fuzz_module("live_model")
 

@@ -21,8 +21,9 @@ import torch
 from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
-from tlckpt.codec import transfer
-from tlckpt.runtime import bits_files, float32_bulk, plans
+from tlckpt.codec.fileio import transfer
+from tlckpt.runtime.commit import plans
+from tlckpt.runtime.ops import bits_files, float32_bulk
 
 lm = fuzz_module("live_model")
 rh = fuzz_module("runtime_hostile")

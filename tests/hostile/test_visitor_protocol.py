@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hostile_support import REPO, fuzz_module
 
-from tlckpt.codec.walker import Visitor, VisitorProtocol
+from tlckpt.codec.spec.walker import Visitor, VisitorProtocol
 
 #: The hooks: every method the Protocol declares.
 HOOKS = tuple(
@@ -113,8 +113,8 @@ def test_the_walker_calls_only_the_protocols_hooks() -> None:
 def test_the_known_visitors_are_found() -> None:
     names = {(where, name) for where, name, _ in VISITORS}
     assert {
-        ("codec/walker", "Visitor"),
-        ("codec/adam", "_AdamReader"),
+        ("codec/spec/walker", "Visitor"),
+        ("codec/optimizers/adam", "_AdamReader"),
         ("codec/float32_state", "_StateReader"),
         ("fuzz/mutators", "Recorder"),
     } <= names, names

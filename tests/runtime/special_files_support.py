@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tlckpt import CheckpointManager
-from tlckpt.codec.set_documents import _self_digest
+from tlckpt.codec.sets.set_documents import _self_digest
 
 #: Seconds any of these calls may take: they read a few KiB.
 DEADLINE = 15.0

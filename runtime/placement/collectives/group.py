@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard
 
-from ...codec.errors import CheckpointError, SchemaMismatchError
-from ..dtensors import is_dtensor, local_tensor
+from ....codec.errors import CheckpointError, SchemaMismatchError
+from ...binding.dtensors import is_dtensor, local_tensor
 
 __all__ = [
     "WRITER",

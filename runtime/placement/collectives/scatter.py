@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import distribute_tensor
 
-from ...codec.errors import CheckpointError, SchemaMismatchError
-from ..dtensors import is_dtensor, local_tensor
+from ....codec.errors import CheckpointError, SchemaMismatchError
+from ...binding.dtensors import is_dtensor, local_tensor
 from .group import WRITER, as_bytes, is_writer, wire_device
 from .stream import Stream
 

@@ -14,8 +14,8 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from ...codec import errors as checkpoint_errors
-from ...codec.errors import CheckpointError, SchemaMismatchError
+from ....codec import errors as checkpoint_errors
+from ....codec.errors import CheckpointError, SchemaMismatchError
 from .group import WRITER, rank, wire_device, world_size
 
 __all__ = ["share_verdict", "broadcast_bytes", "broadcast_json", "all_rows", "all_agree"]

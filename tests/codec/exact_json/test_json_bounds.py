@@ -35,10 +35,11 @@ from tlckpt.codec import (
     read_float32_state,
     sniff_family,
 )
-from tlckpt.codec import source as source_module
+from tlckpt.codec.exact_json.json_document import largest_document
 from tlckpt.codec.families import HEAD_BYTES, families_differ, family_title
-from tlckpt.codec.json_document import largest_document
-from tlckpt.codec.state_bits import inspect_state_bits, read_state_bits, write_state_bits
+from tlckpt.codec.fileio import source as source_module
+from tlckpt.codec.model_state.state_bits import inspect_state_bits, read_state_bits
+from tlckpt.codec.model_state.state_bits_writer import write_state_bits
 from tlckpt.formats.state_bits import ENCODINGS, encoding_by_name
 from tlckpt.testing.limits import DESTINATION, run_limited, sparse_file
 from tlckpt.testing.vectors import vectors_dir
@@ -160,7 +161,7 @@ def test_leading_whitespace_past_the_head_is_read_and_judged_whole() -> None:
 def test_reading_stops_at_the_first_nul_byte() -> None:
     """No JSON text holds a NUL byte: the hole of a sparse file is refused on arrival."""
     body = doc({"shape": [2], "values": [1, 2]})
-    with mock.patch("tlckpt.codec.json_document.READ_CHUNK", 1024):
+    with mock.patch("tlckpt.codec.exact_json.json_document.READ_CHUNK", 1024):
         f = CountingFile(body + b"\0" * PADDING)
         with pytest.raises(MalformedError, match=f"a NUL byte at position {len(body)} of"):
             inspect_state_bits(f)

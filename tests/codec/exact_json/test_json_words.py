@@ -1,4 +1,5 @@
-"""The fast path of exact-bits JSON reading (``codec/json_words.py``) agrees with the general one.
+"""The fast path of exact-bits JSON reading (``codec/exact_json/json_words.py``) agrees with
+the general one.
 
 Every check runs a document through ``read_state_bits`` and ``inspect_state_bits`` twice: as
 shipped (fast path first) and with the fast path switched off (orjson on the whole document),
@@ -37,9 +38,10 @@ from json_words_support import (
     spaced,
 )
 
-from tlckpt.codec import json_words
-from tlckpt.codec import state_bits as sb
-from tlckpt.codec.state_bits import read_state_bits, write_state_bits
+from tlckpt.codec.exact_json import json_words
+from tlckpt.codec.model_state import state_bits as sb
+from tlckpt.codec.model_state.state_bits import read_state_bits
+from tlckpt.codec.model_state.state_bits_writer import write_state_bits
 from tlckpt.formats.state_bits import ENCODINGS, encoding_by_name
 
 # --------------------------------------------------------------------------- vectors

@@ -1,6 +1,6 @@
-"""Hostile input for the JSON fast path (``codec/json_words.py``): it agrees with the general
-path on hostile word literals and arrays, hostile document structures, duplicate keys, every
-truncation and random byte mutations (the helpers and the plain documents are in
+"""Hostile input for the JSON fast path (``codec/exact_json/json_words.py``): it agrees with
+the general path on hostile word literals and arrays, hostile document structures, duplicate
+keys, every truncation and random byte mutations (the helpers and the plain documents are in
 ``json_words_support.py`` and ``test_json_words.py``).
 """
 
@@ -23,9 +23,10 @@ from json_words_support import (
     shaped,
 )
 
-from tlckpt.codec import json_words
 from tlckpt.codec.errors import CheckpointError
-from tlckpt.codec.state_bits import inspect_state_bits, write_state_bits
+from tlckpt.codec.exact_json import json_words
+from tlckpt.codec.model_state.state_bits import inspect_state_bits
+from tlckpt.codec.model_state.state_bits_writer import write_state_bits
 from tlckpt.formats.state_bits import encoding_by_name
 
 # --------------------------------------------------------------------------- hostile words

@@ -22,10 +22,10 @@ from tlckpt.codec import (
     write_float32_state,
     write_state_bits,
 )
-from tlckpt.codec import float32_state as float32_module
-from tlckpt.codec import framed as framed_module
-from tlckpt.codec import state_bits as state_bits_module
-from tlckpt.codec.source import open_source
+from tlckpt.codec.fileio.source import open_source
+from tlckpt.codec.model_state import float32_state as float32_module
+from tlckpt.codec.model_state import state_bits as state_bits_module
+from tlckpt.codec.spec import framed as framed_module
 from tlckpt.testing.adam import adamw_config
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tlckpt.codec.interrupts import deferred_interrupts
+from tlckpt.codec.fileio.interrupts import deferred_interrupts
 
 
 @pytest.fixture(autouse=True)

@@ -16,13 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from state_bits_support import doc, read_bytes
 
-from tlckpt.codec import state_bits_writer as state_bits_module
 from tlckpt.codec.errors import (
     ERROR_OF_CATEGORY,
     CheckpointError,
     MalformedError,
 )
-from tlckpt.codec.state_bits import inspect_state_bits, read_state_bits, write_state_bits
+from tlckpt.codec.model_state import state_bits_writer as state_bits_module
+from tlckpt.codec.model_state.state_bits import inspect_state_bits, read_state_bits
+from tlckpt.codec.model_state.state_bits_writer import write_state_bits
 from tlckpt.formats.state_bits import ENCODINGS, BinaryFormat, encoding_by_name
 from tlckpt.testing.vectors import vectors_dir
 

@@ -21,7 +21,8 @@ from tlckpt.codec.errors import (
     SchemaMismatchError,
     UnsupportedFormatError,
 )
-from tlckpt.codec.state_bits import inspect_state_bits, write_state_bits
+from tlckpt.codec.model_state.state_bits import inspect_state_bits
+from tlckpt.codec.model_state.state_bits_writer import write_state_bits
 from tlckpt.formats.state_bits import encoding_by_name
 
 # --------------------------------------------------------------------------- reading rules

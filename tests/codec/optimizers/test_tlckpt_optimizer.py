@@ -40,9 +40,9 @@ from tlckpt.codec import (
     write_adam,
     write_optimizer_state,
 )
-from tlckpt.codec.destinations import AdamTarget, OptimizerTarget
 from tlckpt.codec.families import family_named
-from tlckpt.codec.walker import interpreted
+from tlckpt.codec.spec.plan import interpreted
+from tlckpt.codec.values.destinations import AdamTarget, OptimizerTarget
 from tlckpt.formats import ADAM_MAGIC, OPTIMIZER_MAGIC, OPTIMIZER_V1, known_versions
 from tlckpt.formats import adam as adam_spec
 from tlckpt.formats import tlckpt_optimizer as spec

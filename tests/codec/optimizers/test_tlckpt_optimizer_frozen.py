@@ -33,8 +33,8 @@ from tlckpt.codec import (
     write_adam,
     write_optimizer_state,
 )
-from tlckpt.codec.optimizer_types import MOMENT_DTYPE_NAMES
-from tlckpt.codec.torchlean_fit import torchlean_fit
+from tlckpt.codec.optimizers.torchlean_fit import torchlean_fit
+from tlckpt.codec.values.optimizer_types import MOMENT_DTYPE_NAMES
 from tlckpt.formats import OPTIMIZER_V1, OPTIMIZER_V2
 from tlckpt.formats.tlckpt_optimizer import layout_of
 from tlckpt.testing.adam import adamw_config

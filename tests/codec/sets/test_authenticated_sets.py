@@ -26,16 +26,12 @@ from tlckpt.codec import (
     verify_checkpoint,
     write_float32_state,
 )
-from tlckpt.codec.checkpoint_set import (
-    PARALLEL_DIGEST_BYTES,
-    SetWriter,
-    SkippedCheckpointWarning,
-    VerifiedSet,
-    committed_steps,
-    latest_verified,
-)
-from tlckpt.codec.set_documents import build_training_state
-from tlckpt.codec.set_keys import SetKey, as_key
+from tlckpt.codec.sets.checkpoint_set import VerifiedSet, latest_verified
+from tlckpt.codec.sets.set_commit import SetWriter
+from tlckpt.codec.sets.set_digests import PARALLEL_DIGEST_BYTES
+from tlckpt.codec.sets.set_documents import build_training_state
+from tlckpt.codec.sets.set_folders import SkippedCheckpointWarning, committed_steps
+from tlckpt.codec.sets.set_keys import SetKey, as_key
 from tlckpt.formats.checkpoint_set import (
     KEY_ID_CONTEXT,
     MANIFEST_KEY_CONTEXT,

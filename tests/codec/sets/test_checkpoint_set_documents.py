@@ -37,22 +37,17 @@ from tlckpt.codec import (
     UnsupportedVersionError,
     verify_checkpoint,
 )
-from tlckpt.codec.checkpoint_set import (
-    GAP_BYTES,
-    PARALLEL_DIGEST_BYTES,
-    DigestingReader,
-    SetWriter,
-    clean_leftovers,
-    committed_steps,
-)
-from tlckpt.codec.exact_values import TensorScalar, decode_value, encode_value
-from tlckpt.codec.set_documents import (
+from tlckpt.codec.sets.exact_values import TensorScalar, decode_value, encode_value
+from tlckpt.codec.sets.set_commit import SetWriter, clean_leftovers
+from tlckpt.codec.sets.set_digests import GAP_BYTES, PARALLEL_DIGEST_BYTES, DigestingReader
+from tlckpt.codec.sets.set_documents import (
     MemberRecord,
     build_manifest,
     build_training_state,
     parse_manifest,
     parse_training_state,
 )
+from tlckpt.codec.sets.set_folders import committed_steps
 from tlckpt.formats.checkpoint_set import (
     MANIFEST_KEYS,
     MEMBER_KEYS,

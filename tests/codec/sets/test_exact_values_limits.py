@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlckpt.codec import CheckpointError, FileTooLargeError, MalformedError
-from tlckpt.codec.exact_values import TensorScalar, decode_value, encode_value
-from tlckpt.codec.set_documents import (
+from tlckpt.codec.sets.exact_values import TensorScalar, decode_value, encode_value
+from tlckpt.codec.sets.set_documents import (
     MemberRecord,
     build_manifest,
     build_training_state,

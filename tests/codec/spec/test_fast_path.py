@@ -23,19 +23,18 @@ from tlckpt.codec import (
     CheckpointError,
     MomentDtype,
     ParameterSchema,
-    batches,
     read_adam,
     read_float32_state,
     scan_adam,
     scan_float32_state,
     validate_float32_state,
-    walker,
     write_adam,
     write_float32_state,
 )
-from tlckpt.codec.float32_state import read_float32_payloads
 from tlckpt.codec.inspection import inspect
-from tlckpt.codec.walker import interpreted
+from tlckpt.codec.model_state.float32_state import read_float32_payloads
+from tlckpt.codec.spec import batches, walker
+from tlckpt.codec.spec.plan import interpreted
 from tlckpt.testing import strategies as tls
 from tlckpt.testing.adam import adamw_config
 from tlckpt.testing.vectors import config_from_manifest, schema_from_manifest, vectors_dir
@@ -170,7 +169,7 @@ def test_two_pass_payload_read_matches_one_pass() -> None:
 # ------------------------------------------------------------ batched record scanning
 #
 # Readers that skip payloads (inspect, scan_adam, scan_float32_state) take runs of alike
-# records in batches (codec/batches.py). The settings below make batches small and chunks
+# records in batches (codec/spec/batches.py). The settings below make batches small and chunks
 # tiny, so that the vectors and small files go through batches, runs that end, runs cut by
 # a chunk's end, and declined batches — and every outcome must equal the interpreted one.
 
@@ -285,8 +284,8 @@ def test_batches_are_taken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
         monkeypatch.setattr(cls, "on_records", on_records)
 
-    from tlckpt.codec.adam import _AdamReader
-    from tlckpt.codec.float32_state import _StateReader
+    from tlckpt.codec.model_state.float32_state import _StateReader
+    from tlckpt.codec.optimizers.adam import _AdamReader
 
     spy(_AdamReader)
     spy(_StateReader)

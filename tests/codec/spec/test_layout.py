@@ -10,18 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tlckpt.codec.adam import validate_adam, write_adam
-from tlckpt.codec.adam_writer import adam_layout
-from tlckpt.codec.config import AdamConfig, AdamKind
 from tlckpt.codec.errors import CheckpointError, EntryError
-from tlckpt.codec.float32_state import (
-    float32_state_layout,
-    validate_float32_state,
-    write_float32_state,
-)
-from tlckpt.codec.layout import Reserved, layout_of_spec
-from tlckpt.codec.schema import ParameterSchema
+from tlckpt.codec.model_state.float32_state import validate_float32_state
+from tlckpt.codec.model_state.float32_state_writer import float32_state_layout, write_float32_state
+from tlckpt.codec.optimizers.adam import validate_adam
+from tlckpt.codec.optimizers.adam_writer import adam_layout, write_adam
+from tlckpt.codec.spec.builder import Reserved
+from tlckpt.codec.spec.layout import layout_of_spec
+from tlckpt.codec.values.config import AdamConfig
+from tlckpt.codec.values.schema import ParameterSchema
 from tlckpt.formats import registry
+from tlckpt.formats.adam import AdamKind
 from tlckpt.formats.float32_state import TENSORS, WRITTEN_VERSION
 from tlckpt.formats.framing import FLOAT32_STATE_MAGIC
 from tlckpt.testing.strategies import AdamState, adam_states
@@ -97,7 +96,7 @@ def test_a_reserved_payload_of_the_wrong_size_is_refused():
 def test_a_reserved_payload_cannot_be_written_to_a_real_file():
     spec = registry.lookup(FLOAT32_STATE_MAGIC, WRITTEN_VERSION).struct
     record = {"rank": 1, "dims": (3,), "element_count": 3, "payload": Reserved(3, "<f4")}
-    from tlckpt.codec.builder import build
+    from tlckpt.codec.spec.builder import build
 
     with pytest.raises(CheckpointError, match="layout"):
         build(io.BytesIO(), spec, {"tensor_count": 1, "tensors": [record]})

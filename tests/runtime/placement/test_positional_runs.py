@@ -1,5 +1,5 @@
-"""The element runs of a shard (``runtime.positional``): exactly the shard's elements of the
-full tensor, in the shard's own row-major order, whatever box it is."""
+"""The element runs of a shard (``runtime.placement.positional``): exactly the shard's
+elements of the full tensor, in the shard's own row-major order, whatever box it is."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tlckpt.runtime.positional import _runs
+from tlckpt.runtime.placement.positional import _runs
 
 
 @st.composite

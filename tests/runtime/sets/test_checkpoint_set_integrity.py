@@ -22,7 +22,8 @@ from tlckpt import (
     save_checkpoint,
     verify_checkpoint,
 )
-from tlckpt.codec.checkpoint_set import DigestingWriter, clean_leftovers
+from tlckpt.codec.sets.set_commit import clean_leftovers
+from tlckpt.codec.sets.set_digests import DigestingWriter
 from tlckpt.formats.checkpoint_set import folder_name
 
 

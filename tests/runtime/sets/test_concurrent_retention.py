@@ -17,8 +17,9 @@ import pytest
 from special_files_support import saved_sets, small_run
 
 from tlckpt import CheckpointManager
-from tlckpt.codec import checkpoint_set
-from tlckpt.codec.checkpoint_set import VerifiedSet, latest_verified, remove_set
+from tlckpt.codec.sets import checkpoint_set
+from tlckpt.codec.sets.checkpoint_set import VerifiedSet, latest_verified
+from tlckpt.codec.sets.set_commit import remove_set
 
 
 def _race_on_first_open(monkeypatch: pytest.MonkeyPatch, directory: Path, newer: Path) -> None:

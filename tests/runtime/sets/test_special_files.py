@@ -23,8 +23,8 @@ from tlckpt import (
     UnsupportedFormatError,
     verify_checkpoint,
 )
-from tlckpt.codec.checkpoint_set import VerifiedSet, latest_verified
-from tlckpt.codec.set_digests import hash_file
+from tlckpt.codec.sets.checkpoint_set import VerifiedSet, latest_verified
+from tlckpt.codec.sets.set_digests import hash_file
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 

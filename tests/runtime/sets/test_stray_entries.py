@@ -13,7 +13,8 @@ import pytest
 from special_files_support import saved_sets, small_run, within
 
 from tlckpt import CheckpointManager, SkippedCheckpointWarning
-from tlckpt.codec.checkpoint_set import candidate_steps, committed_steps, latest_verified
+from tlckpt.codec.sets.checkpoint_set import latest_verified
+from tlckpt.codec.sets.set_folders import candidate_steps, committed_steps
 
 TOO_LARGE = "step-99999999999999999999"  # 20 digits, above 2**64 - 1
 NOT_A_FOLDER = "step-00000000000000000099"

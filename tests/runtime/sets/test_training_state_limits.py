@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tlckpt import CheckpointError, CheckpointManager
-from tlckpt.codec.set_documents import parse_training_state
+from tlckpt.codec.sets.set_documents import parse_training_state
 from tlckpt.formats import checkpoint_set as layout
 from tlckpt.formats.checkpoint_set import LIMITS, MAX_TRAINING_STATE_BYTES
-from tlckpt.runtime.training_state import capture
+from tlckpt.runtime.sets.training_state import capture
 from tlckpt.testing.strategies import nested_values, same_value, training_values, value_fits
 
 
