@@ -29,7 +29,8 @@ from ..fileio.atomic import (
     temporary_prefix,
 )
 from .set_digests import DigestingWriter
-from .set_documents import MemberRecord, build_manifest
+from .set_document_writing import build_manifest
+from .set_documents import MemberRecord
 from .set_folders import check_step, library_name
 from .set_keys import as_key
 

@@ -29,7 +29,8 @@ import torch
 from ...codec.errors import CheckpointError, ConfigError
 from ...codec.sets.exact_values import TensorScalar
 from ...codec.sets.rng_states import check_random_state
-from ...codec.sets.set_documents import TrainingState, build_training_state
+from ...codec.sets.set_document_writing import build_training_state
+from ...codec.sets.set_documents import TrainingState
 from ..commit.rollback import Rollback
 from . import rng_states
 from .param_group_values import restored_values

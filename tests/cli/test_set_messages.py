@@ -15,7 +15,7 @@ from cli_support import refused, run_ok
 
 import tlckpt
 from tlckpt.cli.printable import printable
-from tlckpt.codec.sets.set_documents import _self_digest
+from tlckpt.codec.sets.set_documents import self_digest
 
 
 def _set(directory: Path) -> Path:
@@ -31,7 +31,7 @@ def _reseal(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     path = folder / "manifest.json"
     document = json.loads(path.read_bytes())
     edit(document)
-    document["self_digest"] = _self_digest(document)
+    document["self_digest"] = self_digest(document)
     path.write_bytes(json.dumps(document).encode())
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from tlckpt.codec.model_state.float32_state_writer import write_float32_state
 from tlckpt.codec.sets import set_commit
-from tlckpt.codec.sets.set_documents import build_training_state
+from tlckpt.codec.sets.set_document_writing import build_training_state
 from tlckpt.formats.checkpoint_set import folder_name
 
 _calls = 0

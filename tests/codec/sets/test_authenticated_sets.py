@@ -29,7 +29,7 @@ from tlckpt.codec import (
 from tlckpt.codec.sets.checkpoint_set import VerifiedSet, latest_verified
 from tlckpt.codec.sets.set_commit import SetWriter
 from tlckpt.codec.sets.set_digests import PARALLEL_DIGEST_BYTES
-from tlckpt.codec.sets.set_documents import build_training_state
+from tlckpt.codec.sets.set_document_writing import build_training_state
 from tlckpt.codec.sets.set_folders import SkippedCheckpointWarning, committed_steps
 from tlckpt.codec.sets.set_keys import SetKey, as_key
 from tlckpt.formats.checkpoint_set import (

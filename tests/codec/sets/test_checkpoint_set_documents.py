@@ -40,13 +40,8 @@ from tlckpt.codec import (
 from tlckpt.codec.sets.exact_values import TensorScalar, decode_value, encode_value
 from tlckpt.codec.sets.set_commit import SetWriter, clean_leftovers
 from tlckpt.codec.sets.set_digests import GAP_BYTES, PARALLEL_DIGEST_BYTES, DigestingReader
-from tlckpt.codec.sets.set_documents import (
-    MemberRecord,
-    build_manifest,
-    build_training_state,
-    parse_manifest,
-    parse_training_state,
-)
+from tlckpt.codec.sets.set_document_writing import build_manifest, build_training_state
+from tlckpt.codec.sets.set_documents import MemberRecord, parse_manifest, parse_training_state
 from tlckpt.codec.sets.set_folders import committed_steps
 from tlckpt.formats.checkpoint_set import (
     MANIFEST_KEYS,

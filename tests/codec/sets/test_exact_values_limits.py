@@ -28,16 +28,11 @@ from hypothesis import strategies as st
 
 from tlckpt.codec import CheckpointError, FileTooLargeError, MalformedError
 from tlckpt.codec.sets.exact_values import TensorScalar, decode_value, encode_value
-from tlckpt.codec.sets.set_documents import (
-    MemberRecord,
-    build_manifest,
-    build_training_state,
-    parse_manifest,
-    parse_training_state,
-)
+from tlckpt.codec.sets.set_document_writing import build_manifest, build_training_state
+from tlckpt.codec.sets.set_documents import MemberRecord, parse_manifest, parse_training_state
 from tlckpt.formats import checkpoint_set as layout
 from tlckpt.formats.checkpoint_set import LIMITS, MAX_TRAINING_STATE_BYTES
-from tlckpt.testing.strategies import (
+from tlckpt.testing.value_strategies import (
     nested_values,
     same_value,
     training_values,

@@ -17,7 +17,8 @@ from tlckpt.codec.model_state.float32_state_writer import write_float32_state
 from tlckpt.codec.sets import set_commit
 from tlckpt.codec.sets.checkpoint_set import verify_checkpoint
 from tlckpt.codec.sets.set_commit import SetWriter
-from tlckpt.codec.sets.set_documents import build_training_state, parse_training_state
+from tlckpt.codec.sets.set_document_writing import build_training_state
+from tlckpt.codec.sets.set_documents import parse_training_state
 from tlckpt.formats.checkpoint_set import folder_name
 
 

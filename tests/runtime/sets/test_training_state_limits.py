@@ -24,7 +24,7 @@ from tlckpt.codec.sets.set_documents import parse_training_state
 from tlckpt.formats import checkpoint_set as layout
 from tlckpt.formats.checkpoint_set import LIMITS, MAX_TRAINING_STATE_BYTES
 from tlckpt.runtime.sets.training_state import capture
-from tlckpt.testing.strategies import nested_values, same_value, training_values, value_fits
+from tlckpt.testing.value_strategies import nested_values, same_value, training_values, value_fits
 
 
 def _model() -> torch.nn.Module:
