@@ -3,9 +3,9 @@
 Every byte offset of a binary checkpoint follows from its metadata
 (:mod:`tlckpt.codec.spec.layout`), and a DTensor's local piece (its rows under ``Shard(0)``,
 FSDP2's layout) is a known set of element ranges of the tensor's payload. So each rank
-computes where its own bytes go and writes them with ``os.pwrite`` into the one file, or reads them with ``os.preadv``: the file
-is the one a single process writes, at the ranks' aggregate bandwidth, and rank 0 holds no
-other rank's bytes.
+computes where its own bytes go and writes them with ``os.pwrite`` into the one file, or
+reads them with ``os.preadv``: the file is the one a single process writes, at the ranks'
+aggregate bandwidth, and rank 0 holds no other rank's bytes.
 
 Which rank writes which bytes:
 
