@@ -164,7 +164,14 @@ def test_a_cycle_through_a_deferred_import_is_found(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- rooms
 
-_CODEC_BOTTOM = {"formats", "codec.errors", "codec.paths", "codec.fileio", "codec.values"}
+_CODEC_BOTTOM = {
+    "formats",
+    "codec.errors",
+    "codec.paths",
+    "codec.sniffing",
+    "codec.fileio",
+    "codec.values",
+}
 _CODEC_FAMILIES = _CODEC_BOTTOM | {
     "codec.spec",
     "codec.families",
@@ -172,7 +179,13 @@ _CODEC_FAMILIES = _CODEC_BOTTOM | {
     "codec.exact_json",
 }
 #: Every room of the codec, its face (``codec/__init__``) included: what the runtime may use.
-_CODEC = _CODEC_FAMILIES | {"codec.model_state", "codec.optimizers", "codec.sets", "codec"}
+_CODEC = _CODEC_FAMILIES | {
+    "codec.model_state",
+    "codec.optimizers",
+    "codec.sets",
+    "codec.registrations",
+    "codec",
+}
 _RUNTIME_LOW = _CODEC | {"runtime.binding", "runtime.commit", "runtime.placement"}
 _RUNTIME_FACES = _RUNTIME_LOW | {"runtime.ops", "runtime.module_state", "runtime.optimizer"}
 _RUNTIME = _RUNTIME_FACES | {"runtime.sets", "runtime"}
@@ -185,6 +198,7 @@ ALLOWED: dict[str, set[str]] = {
     "optional": set(),
     "runtime_names": set(),
     "codec.paths": {"formats"},
+    "codec.sniffing": {"formats"},
     "codec.errors": {"formats", "codec.paths"},
     "codec.fileio": {"codec.errors", "codec.paths"},
     "codec.values": {"formats", "codec.errors"},
@@ -195,6 +209,7 @@ ALLOWED: dict[str, set[str]] = {
     "codec.model_state": _CODEC_FAMILIES,
     "codec.optimizers": _CODEC_FAMILIES,
     "codec.sets": _CODEC_FAMILIES,
+    "codec.registrations": _CODEC_FAMILIES | {"codec.model_state", "codec.optimizers"},
     "codec": _CODEC - {"codec"},
     "runtime.binding": _CODEC,
     "runtime.commit": _CODEC,
