@@ -1,12 +1,13 @@
 """Streaming, validating readers and writers compiled from the ``formats`` specs (numpy only).
 
-Errors are re-exported here and from :mod:`tlckpt`. This file is the codec's face; the
-rooms below it (``docs/architecture.md``), from the bottom up: :mod:`.fileio` (sources,
-atomic writes, transfers), :mod:`.values` (configs, schemas, destinations), :mod:`.spec` (the
-engine that turns a spec into a reader and a writer), :mod:`.exact_json` (the exact-bits JSON
-codec), the families (:mod:`.model_state`, :mod:`.optimizers`) and checkpoint sets
-(:mod:`.sets`). Face modules beside them: :mod:`.errors`, :mod:`.paths`, :mod:`.families`
-(the registry), :mod:`.inspection`.
+Errors are re-exported here and from :mod:`tlckpt`. This file is the codec's face; the rooms
+below it (``docs/architecture.md``), from the bottom up: :mod:`.fileio` (sources, atomic
+writes, transfers), :mod:`.values` (configs, schemas, destinations), :mod:`.spec` (the
+engine that turns a spec into a reader and a writer), :mod:`.exact_json` (the exact-bits
+JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`) and checkpoint sets
+(:mod:`.sets`). Face modules beside them: :mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a
+file's family from its first bytes), :mod:`.families` (the registry), :mod:`.registrations`
+(the built-in families), :mod:`.inspection`.
 """
 
 from ..formats.adam import AdamKind
@@ -29,7 +30,6 @@ from .errors import (
 from .exact_json.json_document import DEFAULT_MAX_JSON_BYTES
 from .fileio.atomic import atomic_output, clean_temporaries, is_temporary
 from .inspection import inspect, sniff_family
-from .model_state import model_state_families  # noqa: F401  (registers the families)
 from .model_state.float32_state import (
     is_float32_state,
     read_float32_state,
@@ -39,12 +39,12 @@ from .model_state.float32_state import (
 from .model_state.float32_state_writer import write_float32_state
 from .model_state.state_bits import read_state_bits
 from .model_state.state_bits_writer import write_state_bits
-from .optimizers import adam_family, tlckpt_optimizer_family  # noqa: F401  (registers)
 from .optimizers.adam import read_adam, scan_adam
 from .optimizers.adam_types import AdamCheckpoint, AdamEntry
 from .optimizers.adam_writer import write_adam
 from .optimizers.tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
 from .optimizers.tlckpt_optimizer_writer import write_optimizer_state
+from .registrations import register_built_in_families
 from .sets.checkpoint_set import verify_checkpoint
 from .sets.set_folders import SkippedCheckpointWarning
 from .sets.set_keys import read_key_file
@@ -52,6 +52,9 @@ from .values.config import AdamConfig, MomentDtype
 from .values.optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
 from .values.payload_sinks import PayloadSink
 from .values.schema import ParameterSchema
+
+# The families inspect, validate and convert dispatch through (one explicit list).
+register_built_in_families()
 
 __all__ = [
     "DEFAULT_MAX_JSON_BYTES",

@@ -15,9 +15,10 @@ from ..formats import registry
 from ..formats.primitives import float_bits, product
 from .errors import UnsupportedFormatError, names_the_file
 from .exact_json.json_document import DEFAULT_MAX_JSON_BYTES
-from .families import HEAD_BYTES, family_named, head_family
+from .families import family_named
 from .fileio.gcpause import without_gc
 from .fileio.source import PathOrFile, open_source
+from .sniffing import HEAD_BYTES, head_family
 from .values.schema import ParameterSchema
 
 __all__ = [
@@ -35,7 +36,7 @@ def sniff_family(path: PathOrFile) -> str:
     """``"adam"``, ``"tlckpt_optimizer"``, ``"float32_state"`` or ``"state_bits"`` from the
     first bytes (the name of a registered family).
 
-    At most :data:`~tlckpt.codec.families.HEAD_BYTES` bytes are read: a registered magic, or
+    At most :data:`~tlckpt.codec.sniffing.HEAD_BYTES` bytes are read: a registered magic, or
     a JSON document (its first significant byte ``{`` or ``[``, a byte order mark, or only
     whitespace as far as that), whose reader then says precisely what is wrong with it.
 

@@ -4,7 +4,7 @@ A JSON document is parsed whole, so how much of a file a reader takes into memor
 before it reads it:
 
 * **From the first bytes** (:func:`check_start`): at most
-  :data:`~tlckpt.codec.families.HEAD_BYTES` are looked at. A binary magic names the family
+  :data:`~tlckpt.codec.sniffing.HEAD_BYTES` are looked at. A binary magic names the family
   the file is; a first significant byte other than ``{`` cannot start the document. Either
   way the file is refused without reading the rest.
 * **From the destination** (:func:`largest_document`): a reader that knows the shapes and the
@@ -42,15 +42,9 @@ from ...formats.state_bits import (
     ScalarFormat,
 )
 from ..errors import FileTooLargeError, MalformedError
-from ..families import (
-    HEAD_BYTES,
-    JSON_FAMILY,
-    JSON_WHITESPACE,
-    UTF8_BOM,
-    families_differ,
-    magic_family,
-)
+from ..families import families_differ
 from ..fileio.source import Source
+from ..sniffing import HEAD_BYTES, JSON_FAMILY, JSON_WHITESPACE, UTF8_BOM, magic_family
 
 __all__ = [
     "DEFAULT_MAX_JSON_BYTES",
@@ -117,7 +111,7 @@ def largest_document(shapes: Sequence[tuple[int, ...]], fmt: ScalarFormat) -> in
 def check_start(src: Source) -> None:
     """Refuse, from its first bytes alone, a file that cannot be an exact-bits JSON document.
 
-    Reads at most :data:`~tlckpt.codec.families.HEAD_BYTES` and leaves the position where it
+    Reads at most :data:`~tlckpt.codec.sniffing.HEAD_BYTES` and leaves the position where it
     was. A document whose leading whitespace runs past them is left to the full read.
 
     Raises:

@@ -14,16 +14,10 @@ from typing import Any
 
 from ...formats.framing import FLOAT32_STATE_MAGIC
 from ..errors import ConfigError
-from ..families import (
-    JSON_FAMILY,
-    JSON_WHITESPACE,
-    UTF8_BOM,
-    Arrays,
-    ModelStateFamily,
-    register_family,
-)
+from ..families import Arrays, ModelStateFamily
 from ..fileio.source import PathOrFile
 from ..inspection import ElementCounts, file_size
+from ..sniffing import JSON_FAMILY, JSON_WHITESPACE, UTF8_BOM
 from ..values.destinations import ModelStateTarget
 from .float32_state import read_float32_state, scan_float32_sizes, validate_float32_state
 from .float32_state_writer import write_float32_state
@@ -64,17 +58,15 @@ class _Float32StateFamily(ModelStateFamily):
         write_float32_state(path, arrays, count=len(arrays))
 
 
-FLOAT32_STATE_FAMILY = register_family(
-    _Float32StateFamily(
-        name="float32_state",
-        label=FLOAT32_STATE_MAGIC.decode("ascii"),
-        contents="float32 model state",
-        title="streamed float32 model state",
-        magic=FLOAT32_STATE_MAGIC,
-        format="tlsf32",
-        extensions=(".tlsf32",),
-        holds="float32",
-    )
+FLOAT32_STATE_FAMILY = _Float32StateFamily(
+    name="float32_state",
+    label=FLOAT32_STATE_MAGIC.decode("ascii"),
+    contents="float32 model state",
+    title="streamed float32 model state",
+    magic=FLOAT32_STATE_MAGIC,
+    format="tlsf32",
+    extensions=(".tlsf32",),
+    holds="float32",
 )
 
 # --------------------------------------------------------------------------- exact-bits JSON
@@ -113,13 +105,11 @@ class _StateBitsFamily(ModelStateFamily):
         write_state_bits(path, list(arrays), encoding, pretty=pretty)
 
 
-STATE_BITS_FAMILY = register_family(
-    _StateBitsFamily(
-        name=JSON_FAMILY,
-        label="exact-bits JSON",
-        contents="model state",
-        title="exact-bits JSON model state",
-        format="json",
-        extensions=(".json",),
-    )
+STATE_BITS_FAMILY = _StateBitsFamily(
+    name=JSON_FAMILY,
+    label="exact-bits JSON",
+    contents="model state",
+    title="exact-bits JSON model state",
+    format="json",
+    extensions=(".json",),
 )

@@ -54,9 +54,9 @@ from ..exact_json.state_words import (
     short_name,
     split_arrays,
 )
-from ..families import JSON_FAMILY
 from ..fileio.gcpause import without_gc
 from ..fileio.source import PathOrFile, open_source
+from ..sniffing import JSON_FAMILY
 
 __all__ = ["inspect_state_bits", "read_state_bits"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...formats.framing import ADAM_MAGIC
-from ..families import FamilyHandler, register_family
+from ..families import FamilyHandler
 from ..fileio.source import PathOrFile
 from ..inspection import file_size, float_entry, optimizer_contents
 from ..values.destinations import AdamTarget, OptimizerTarget, parse_adam_target
@@ -72,13 +72,11 @@ class _AdamFamily(FamilyHandler):
         )
 
 
-ADAM_FAMILY = register_family(
-    _AdamFamily(
-        name="adam",
-        label=ADAM_MAGIC.decode("ascii"),
-        contents="Adam/AdamW optimizer state",
-        title="Adam/AdamW optimizer state",
-        magic=ADAM_MAGIC,
-        marker="schema",
-    )
+ADAM_FAMILY = _AdamFamily(
+    name="adam",
+    label=ADAM_MAGIC.decode("ascii"),
+    contents="Adam/AdamW optimizer state",
+    title="Adam/AdamW optimizer state",
+    magic=ADAM_MAGIC,
+    marker="schema",
 )

@@ -20,7 +20,7 @@ import numpy as np
 from ...formats.adam import AdamKind
 from ...formats.framing import OPTIMIZER_MAGIC
 from ...formats.tlckpt_optimizer import GROUP_FLAGS, GROUP_FLOATS
-from ..families import FamilyExample, FamilyHandler, register_family
+from ..families import FamilyExample, FamilyHandler
 from ..fileio.source import PathOrFile
 from ..inspection import file_size, float_entry, optimizer_contents
 from ..values.destinations import AdamTarget, OptimizerTarget, parse_optimizer_target
@@ -180,12 +180,10 @@ class _OptimizerFamily(FamilyHandler):
         )
 
 
-OPTIMIZER_FAMILY = register_family(
-    _OptimizerFamily(
-        name="tlckpt_optimizer",
-        label=OPTIMIZER_MAGIC.decode("ascii"),
-        contents="tlckpt's own optimizer state, not TorchLean's",
-        title="tlckpt's own Adam/AdamW optimizer state; TorchLean cannot read it",
-        magic=OPTIMIZER_MAGIC,
-    )
+OPTIMIZER_FAMILY = _OptimizerFamily(
+    name="tlckpt_optimizer",
+    label=OPTIMIZER_MAGIC.decode("ascii"),
+    contents="tlckpt's own optimizer state, not TorchLean's",
+    title="tlckpt's own Adam/AdamW optimizer state; TorchLean cannot read it",
+    magic=OPTIMIZER_MAGIC,
 )

@@ -42,9 +42,9 @@ from ...formats.checkpoint_set import (
     TRAINING_STATE_VERSION,
 )
 from ..errors import CheckpointError, FileChangedError, IntegrityError, names_the_file
-from ..families import JSON_FAMILY
 from ..fileio.source import FileStamp, open_regular
 from ..inspection import inspect
+from ..sniffing import JSON_FAMILY
 
 # The parts of the protocol live in their own modules; this one verifies, and names them all.
 from .set_digests import (

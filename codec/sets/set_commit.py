@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ...formats.checkpoint_set import MANIFEST_FILE, folder_name
-from ..families import head_family
 from ..fileio.atomic import (
     exchange,
     fsync_folder,
@@ -28,6 +27,7 @@ from ..fileio.atomic import (
     temporary_name,
     temporary_prefix,
 )
+from ..sniffing import head_family
 from .set_digests import DigestingWriter
 from .set_document_writing import build_manifest
 from .set_documents import MemberRecord

@@ -12,7 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from ..families import HEAD_BYTES
+from ..sniffing import HEAD_BYTES
 from .set_keys import SetKey, member_hash
 
 __all__ = [
@@ -52,7 +52,7 @@ class DigestingWriter:
     never a second one over the file. A large buffer is hashed by a worker thread while this
     thread writes it (both release the GIL), and :meth:`write` returns once both are done,
     so the caller may reuse its buffer at once and updates stay in order. The first
-    :data:`~.families.HEAD_BYTES` are kept, to name the family. Seeking is not offered: a
+    :data:`~..sniffing.HEAD_BYTES` are kept, to name the family. Seeking is not offered: a
     writer that needs it fails (``AttributeError``) rather than digest bytes out of order.
     """
 

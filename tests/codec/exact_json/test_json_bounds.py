@@ -36,10 +36,11 @@ from tlckpt.codec import (
     sniff_family,
 )
 from tlckpt.codec.exact_json.json_document import largest_document
-from tlckpt.codec.families import HEAD_BYTES, families_differ, family_title
+from tlckpt.codec.families import families_differ, family_title
 from tlckpt.codec.fileio import source as source_module
 from tlckpt.codec.model_state.state_bits import inspect_state_bits, read_state_bits
 from tlckpt.codec.model_state.state_bits_writer import write_state_bits
+from tlckpt.codec.sniffing import HEAD_BYTES
 from tlckpt.formats.state_bits import ENCODINGS, encoding_by_name
 from tlckpt.testing.limits import DESTINATION, run_limited, sparse_file
 from tlckpt.testing.vectors import vectors_dir
