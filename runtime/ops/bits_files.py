@@ -15,13 +15,13 @@ from ...codec.fileio.source import PathOrFile
 from ...codec.model_state.state_bits import read_state_bits
 from ...codec.model_state.state_bits_writer import write_state_bits
 from ..binding.dtensors import local_tensor
-from ..binding.tensors import check_convertible, from_file_dtype, from_host, to_file_dtype, to_host
+from ..binding.tensors import check_convertible, from_host, to_file_dtype, to_host
 from ..commit.plans import StatePlan
 from ..placement.placement_protocol import Placement, Take
 from .state_tensors import (
+    Arrival,
     ModuleOrTensors,
     NamedTensors,
-    TieCheck,
     bits_named_state,
     layout_of,
     state_plan,
@@ -65,13 +65,9 @@ def _file_values(
 ) -> list[torch.Tensor | None]:
     """The file's values, checked and converted for each destination, in state order."""
     arrays = read_state_bits(path, [tuple(t.shape) for _, t in named], encoding)
-    ties = TieCheck(named, copies, keep=True)
-    for i, array in enumerate(arrays):
-        ties.is_copy(i, array)  # every copy checked before anything is converted
-    return [
-        None if i in copies else from_file_dtype(from_host(a, dtype).reshape(t.shape), t.dtype, n)
-        for i, ((n, t), a) in enumerate(zip(named, arrays))
-    ]
+    arrival = Arrival(named, copies, keep=True, as_tensor=lambda a: from_host(a, dtype))
+    values = [arrival.arrive(i, array) for i, array in enumerate(arrays)]
+    return [None if v is None else v.reshape(t.shape) for v, (_, t) in zip(values, named)]
 
 
 def plan_load(

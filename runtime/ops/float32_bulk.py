@@ -30,17 +30,15 @@ from ...codec.model_state.float32_state import (
     read_float32_payloads,
 )
 from ...codec.model_state.float32_state_writer import write_float32_extents
-from ..binding.tensors import HostBuffer, from_file_dtype, to_file_dtype
+from ..binding.tensors import HostBuffer, to_file_dtype
 from ..commit.plans import Plan, committing, overwrite
-from .state_tensors import NamedTensors, TieCheck, tie_conflict, written
+from .state_tensors import Arrival, NamedTensors, tie_conflict, written
 
 __all__ = [
     "CONVERTED_MAX_BYTES",
     "Precheck",
     "is_plain",
     "plan_in_place",
-    "read_extents",
-    "read_payloads",
     "save_in_bulk",
     "stage",
 ]
@@ -49,25 +47,6 @@ __all__ = [
 #: float32 copies up front, held until the write ends, when they add up to no more than
 #: this; else (and for device tensors) it streams one tensor at a time.
 CONVERTED_MAX_BYTES = 16 << 20
-
-
-def read_payloads(file: BinaryIO, layout: StateLayout, sink: Any) -> None:
-    """One payload pass over a checked file: each payload into ``sink``'s buffers (see
-    :func:`~tlckpt.codec.float32_state.read_float32_payloads`)."""
-    read_float32_payloads(file, layout, sink)
-
-
-def read_extents(
-    file: BinaryIO,
-    layout: StateLayout,
-    records: list[int],
-    addresses: Any,
-    owners: list[Any],
-    progress: Any = None,
-) -> None:
-    """One payload pass in bulk: the payloads of ``records`` into memory by address (see
-    :func:`~tlckpt.codec.float32_state.read_float32_extents`)."""
-    read_float32_extents(file, layout, records, addresses, owners, progress)
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -151,12 +130,14 @@ def stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[in
     np.cumsum(sizes[:-1], out=starts[1:])
     staging = fresh_bytes(int(sizes.sum()))
     base = address_of(staging)
-    read_extents(f, layout, list(range(len(sizes))), base + starts.astype(np.uint64), [staging])
+    read_float32_extents(
+        f, layout, list(range(len(sizes))), base + starts.astype(np.uint64), [staging]
+    )
     bounds = list(zip(starts.tolist(), sizes.tolist()))
 
-    def values(i: int) -> torch.Tensor:
+    def payload(i: int) -> np.ndarray:
         at, n = bounds[i]
-        return torch.from_numpy(staging[at : at + n].view(np.float32)).view(named[i][1].shape)
+        return staging[at : at + n].view(np.float32)
 
     for copy, original in copies.items():
         (a, n), (b, _) = bounds[copy], bounds[original]
@@ -165,10 +146,8 @@ def stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[in
     plain, live_addresses, rest = _plain(named, written(named, copies))
     # Other tensors' values: converted (exactly, or the load fails) before anything live
     # is touched.
-    others = []
-    for i in rest:
-        name, t = named[i]
-        others.append((t, from_file_dtype(values(i), t.dtype, name)))
+    arrival = Arrival(named, {}, keep=True)  # tied copies: compared above, not written
+    others = [(named[i][1], arrival.arrive(i, payload(i)).view(named[i][1].shape)) for i in rest]  # type: ignore[union-attr]
     index = np.asarray(plain, dtype=np.int64)
     lengths = sizes[index]
     live = [named[i][1] for i in plain]
@@ -205,30 +184,23 @@ class _StagedPlan(Plan):
 
 
 class Precheck:
-    """Payload sink of an in-place load's checking pass: what the structural validation
-    cannot see.
-
-    Integer tensors' values must convert exactly, and the copies of a tied tensor must
-    agree (compared by digest, so one payload at a time is held). Other payloads are
-    skipped.
+    """Payload sink of an in-place load's checking pass for what the structural validation
+    cannot see: integer tensors' values must convert exactly (tied copies are compared
+    before, in the file: :func:`_precheck`). Other payloads are skipped.
     """
 
-    def __init__(self, named: NamedTensors, copies: dict[int, int], staging: HostBuffer):
+    def __init__(self, named: NamedTensors, staging: HostBuffer):
         self.named = named
-        self.ties = TieCheck(named, copies, keep=False)
+        self.arrival = Arrival(named, {}, keep=False)
         self.staging = staging
 
-    def needs(self, record: int) -> bool:
-        """Whether the checking pass has to read this tensor's payload at all."""
-        return self.named[record][1].dtype != torch.float32 or self.ties.needs(record)
-
     def buffer(self, record: int, field: str, count: int, dtype: np.dtype) -> Any:
-        return self.staging.array(count, dtype) if self.needs(record) else None
+        if self.named[record][1].dtype == torch.float32:
+            return None  # float32 values are what the file holds: nothing to check
+        return self.staging.array(count, dtype)
 
     def done(self, record: int, field: str, buffer: Any) -> None:
-        if not self.ties.is_copy(record, buffer):
-            name, t = self.named[record]
-            from_file_dtype(torch.from_numpy(buffer), t.dtype, name)
+        self.arrival.arrive(record, buffer)
 
 
 def _precheck(
@@ -241,7 +213,7 @@ def _precheck(
         if not float32_payloads_equal(f, layout, original, copy):
             raise tie_conflict(named, copy, original)
     if {t.dtype for _, t in named} - {torch.float32}:
-        read_payloads(f, layout, Precheck(named, {}, HostBuffer()))
+        read_float32_payloads(f, layout, Precheck(named, HostBuffer()))
 
 
 class _Installer:
@@ -250,6 +222,7 @@ class _Installer:
 
     def __init__(self, named: NamedTensors, records: set[int], staging: HostBuffer):
         self.named = named
+        self.arrival = Arrival(named, {}, keep=False)
         self.records = records
         self.staging = staging
         self.written = 0
@@ -260,10 +233,10 @@ class _Installer:
         return self.staging.array(count, dtype)
 
     def done(self, record: int, field: str, buffer: Any) -> None:
-        name, t = self.named[record]
-        values = from_file_dtype(torch.from_numpy(buffer).view(t.shape), t.dtype, name)
+        values = self.arrival.arrive(record, buffer)
+        t = self.named[record][1]
         self.written += 1
-        overwrite(t, values)
+        overwrite(t, values.view(t.shape))  # type: ignore[union-attr]  # not a tied copy
 
 
 class _InPlacePlan(Plan):
@@ -310,9 +283,9 @@ class _InPlacePlan(Plan):
         with committing():
             try:
                 if installer.records:
-                    read_payloads(self.file, self.layout, installer)
+                    read_float32_payloads(self.file, self.layout, installer)
                 if plain:
-                    read_extents(self.file, self.layout, plain, addresses, live, progress)
+                    read_float32_extents(self.file, self.layout, plain, addresses, live, progress)
                     _bump_versions(live)
             except Exception as exc:
                 done = touched + installer.written

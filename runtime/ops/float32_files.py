@@ -11,9 +11,9 @@ count, every shape, sizes, the end of file) without reading a payload. Then eith
   integer tensors' values are checked to convert exactly and the copies of a tied tensor to
   agree; the file is checked not to have changed since the first pass began; the plan's
   commit copies every value into its live tensor. Locally, all payloads land in one
-  staging buffer with a few vectored reads (:func:`read_extents`) and the commit copies
+  staging buffer with a few vectored reads and the commit copies
   plain tensors' bytes in one batch; sharded, each payload goes through the placement's
-  :class:`~.placement.Receiver` (:func:`read_payloads`);
+  :class:`~.placement.Receiver`;
 * in place (local only): a checking pass reads what the first could not check (integer
   tensors, tied copies); the plan's commit is the copying pass, which reads the payloads
   straight into their live tensors (plain ones in bulk), and reports a file that changes
@@ -35,20 +35,23 @@ import numpy as np
 import torch
 
 from ...codec.fileio.source import PathOrFile, open_regular
-from ...codec.model_state.float32_state import StateLayout, validate_float32_state
+from ...codec.model_state.float32_state import (
+    StateLayout,
+    read_float32_payloads,
+    validate_float32_state,
+)
 from ...codec.model_state.float32_state_writer import float32_state_layout, write_float32_state
 from ...formats.float32_state import TENSOR_DTYPE
 from ..binding.dtensors import fingerprint, local_tensor
-from ..binding.tensors import HostBuffer, check_convertible, from_file_dtype, to_file_dtype
+from ..binding.tensors import HostBuffer, check_convertible, to_file_dtype
 from ..commit.plans import Plan, StatePlan
 from ..placement.placement_protocol import Placement, Receiver, Take
 from ..placement.positional import read_pieces, save_pieces
 from . import float32_bulk
-from .float32_bulk import read_payloads
 from .state_tensors import (
+    Arrival,
     ModuleOrTensors,
     NamedTensors,
-    TieCheck,
     float32_named_state,
     layout_of,
     state_plan,
@@ -169,7 +172,7 @@ def plan_load(
         sent = written(named, copies)
         receiver = placement.receiver([named[i][1] for i in sent])
         sink = _Receiving(named, copies, sent, receiver)
-        placement.transfer(receiver, lambda: read_payloads(*checked, sink))  # type: ignore[misc]
+        placement.transfer(receiver, lambda: read_float32_payloads(*checked, sink))  # type: ignore[misc]
     return state_plan(named, sent, receiver)
 
 
@@ -185,17 +188,13 @@ def _read_own_pieces(
     rank agrees before anything is committed."""
     sent = written(named, copies)
     item = {record: k for k, record in enumerate(sent)}
-    ties = TieCheck(named, copies, keep=True)
+    arrival = Arrival(named, copies, keep=True)
     parts: dict[int, torch.Tensor] = {}
 
     def keep(record: int, piece: np.ndarray) -> None:
-        if record in ties.tied and ties.is_copy(record, piece):
-            return
-        name, t = named[record]
-        values = torch.from_numpy(piece)
-        if t.dtype != torch.float32:
-            values = from_file_dtype(values, t.dtype, name)  # exactly, or the load fails
-        parts[item[record]] = values
+        values = arrival.arrive(record, piece)
+        if values is not None:  # not a tied copy
+            parts[item[record]] = values
 
     tensors = [t for _, t in named]
     placement.agree(
@@ -216,7 +215,7 @@ class _Receiving:
         self, named: NamedTensors, copies: dict[int, int], sent: list[int], receiver: Receiver
     ):
         self.named = named
-        self.ties = TieCheck(named, copies, keep=receiver.keeps_buffers)
+        self.arrival = Arrival(named, copies, keep=receiver.keeps_buffers)
         self.item = {record: k for k, record in enumerate(sent)}
         self.receiver = receiver
         self.pending: int | None = None  # the item being read, and its buffer
@@ -231,10 +230,6 @@ class _Receiving:
         return self.values.numpy()
 
     def done(self, record: int, field: str, buffer: Any) -> None:
-        if record in self.ties.tied and self.ties.is_copy(record, buffer):
-            return
-        name, t = self.named[record]
-        values = self.values.view(t.shape)
-        if t.dtype != torch.float32:
-            values = from_file_dtype(values, t.dtype, name)  # exactly, or the load fails
-        self.receiver.put(self.pending, values)  # type: ignore[arg-type]  # not a copy
+        values = self.arrival.arrive(record, buffer)
+        if values is not None:  # not a tied copy
+            self.receiver.put(self.pending, values.view(self.named[record][1].shape))  # type: ignore[arg-type]

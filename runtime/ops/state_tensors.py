@@ -6,14 +6,16 @@ type is the model's one floating dtype; an integer or bool tensor (BatchNorm's
 ``num_batches_tracked``) travels in it only when the conversion is exact both ways.
 
 A tied tensor is in the state once per place it is registered; the file holds its values
-once per place too, and a load requires every copy to hold the same bits as the first
-(:class:`TieCheck`), then writes the first only (its copies share its memory).
+once per place too, and a load requires every copy to hold the same bits as the first,
+then writes the first only (its copies share its memory). Each payload a load reads goes
+through one step, :meth:`Arrival.arrive`: a tied copy compared with its original, any other
+tensor's values converted to its dtype, exactly.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +23,7 @@ import torch
 from ...codec.errors import CheckpointError, ConfigError, SchemaMismatchError
 from ..binding.dtensors import fingerprint, local_tensor, spec_of
 from ..binding.slots import named_tensors, view_key
-from ..binding.tensors import encoding_of, file_dtype_of
+from ..binding.tensors import encoding_of, file_dtype_of, from_file_dtype
 from ..commit.plans import StatePlan
 from ..placement.placement_protocol import Receiver
 
@@ -35,7 +37,7 @@ __all__ = [
     "tied_copies",
     "written",
     "tie_conflict",
-    "TieCheck",
+    "Arrival",
     "layout_of",
     "state_plan",
 ]
@@ -178,10 +180,6 @@ class TieCheck:
         self.keep = keep
         self.seen: dict[int, np.ndarray | bytes] = {}
 
-    def needs(self, record: int) -> bool:
-        """Whether ``record`` is an original or a copy of a tied tensor."""
-        return record in self.tied
-
     def is_copy(self, record: int, payload: np.ndarray) -> bool:
         """Note an original's payload, or check a copy's against it.
 
@@ -204,6 +202,50 @@ class TieCheck:
         if not same:
             raise tie_conflict(self.named, record, original)
         return True
+
+
+class Arrival:
+    """The one step every payload of a state load goes through when it arrives.
+
+    Args:
+        named: the state.
+        copies: :func:`tied_copies` of it (``{}`` where the caller reads no tied copy).
+        keep: as :class:`TieCheck`'s: whether an original's payload stays untouched until
+            its copies have arrived.
+        as_tensor: the payload (a numpy array of the file's element type) as a CPU tensor
+            of the file's scalar type; by default a view of it (``torch.from_numpy``).
+    """
+
+    def __init__(
+        self,
+        named: NamedTensors,
+        copies: dict[int, int],
+        keep: bool,
+        as_tensor: Callable[[np.ndarray], torch.Tensor] = torch.from_numpy,
+    ):
+        self.named = named
+        self.ties = TieCheck(named, copies, keep)
+        self.as_tensor = as_tensor
+
+    def arrive(self, record: int, values: np.ndarray) -> torch.Tensor | None:
+        """Check a tied copy against its original, or convert a tensor's file values.
+
+        Args:
+            record: the payload's index in the state.
+            values: its values as read (any shape: a whole tensor, or a shard's piece).
+
+        Returns:
+            ``None`` for a tied copy (nothing to keep: it shares its original's memory);
+            else the values as a tensor of the destination's dtype, the same shape.
+
+        Raises:
+            SchemaMismatchError: a tied copy whose bits differ from its original's.
+            CheckpointError: values that the destination's dtype does not hold exactly.
+        """
+        if record in self.ties.tied and self.ties.is_copy(record, values):
+            return None
+        name, t = self.named[record]
+        return from_file_dtype(self.as_tensor(values), t.dtype, name)
 
 
 def _bits(payload: np.ndarray) -> np.ndarray:

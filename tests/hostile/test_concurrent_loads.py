@@ -76,10 +76,10 @@ def _hook_payload_pass(
     """Run ``action`` inside the pass that reads payloads into the model or its staging:
     after the payload of record ``after``, or (``None``) once the pass has returned.
 
-    That pass reads in bulk (``float32_bulk.read_extents``); reads of at most two pieces
+    That pass reads in bulk (``float32_bulk.read_float32_extents``); reads of at most two pieces
     each (a payload and the header after it) give it a moment between records.
     """
-    real = float32_bulk.read_extents
+    real = float32_bulk.read_float32_extents
     monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
     def hooked(f: Any, layout: Any, records: Any, *args: Any) -> None:
@@ -99,7 +99,7 @@ def _hook_payload_pass(
         if after is None:
             action()
 
-    monkeypatch.setattr(float32_bulk, "read_extents", hooked)
+    monkeypatch.setattr(float32_bulk, "read_float32_extents", hooked)
 
 
 # ------------------------------------------------------------------------------ TLSF32B
