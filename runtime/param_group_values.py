@@ -220,9 +220,9 @@ def _in_live_form(value: Any, live: Any, field: str) -> Any:
             dtype = str(live.dtype).removeprefix("torch.")
             raise _member_differs(field, value, live, f"the value is not exactly a {dtype}")
         return out
-    if type(live) is int and type(value) is float and _bits(float(int(value))) == _bits(value):
-        return int(value)  # torch's own default (``weight_decay=0``) keeps its form
-    if type(live) in (int, float) and type(value) is float:
+    if isinstance(live, (int, float)) and not isinstance(live, bool) and type(value) is float:
+        if type(live) is int and math.isfinite(value) and _bits(float(int(value))) == _bits(value):
+            return int(value)  # torch's own default (``weight_decay=0``) keeps its form
         return value
     raise _member_differs(field, value, live, f"a live {type(live).__name__} is not restored")
 

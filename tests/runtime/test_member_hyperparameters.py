@@ -121,6 +121,21 @@ def test_tensor_betas_take_the_members_values_in_place(tmp_path: Path) -> None:
     assert [b.item() for b in live] == [0.8, 0.95]
 
 
+def test_a_member_beta_a_live_tensor_cannot_hold_is_refused(tmp_path: Path) -> None:
+    """0.95 is no float32: live float32 tensor betas cannot take it exactly. Refused, the
+    group and key named, with nothing live changed."""
+    model, optimizer = _run(0, "tladamf", betas=(0.75, 0.95))
+    _train(model, optimizer, 2)
+    save_checkpoint(tmp_path / "s", model=model, optimizer=optimizer)
+    betas = (torch.tensor(0.5), torch.tensor(0.5))  # float32
+    fresh, fresh_opt = _run(1, "tladamf", betas=betas, foreach=False)
+    before = _everything(fresh, fresh_opt), _groups(fresh_opt)
+    with pytest.raises(ConfigError, match="not exactly a float32") as caught:
+        load_checkpoint(tmp_path / "s", model=fresh, optimizer=fresh_opt)
+    assert caught.value.field == "param_groups[0].betas[1]"
+    assert (_everything(fresh, fresh_opt), _groups(fresh_opt)) == before
+
+
 @pytest.mark.parametrize("family", ["tladamf", "tlckopt"])
 def test_what_the_optimizer_is_must_still_match(tmp_path: Path, family: str) -> None:
     """amsgrad (which moments each slot holds) and the kind are not adopted: refused, with
