@@ -185,7 +185,9 @@ def _start_writer(work: Callable[[], Path], handle: SaveHandle) -> None:
     future = handle._future
 
     def run() -> None:
-        _lower_priority()
+        # Tracked from the moment it runs: a thread that a Ctrl-C in ``start`` kept from
+        # starting leaves nothing for the exit hook to wait for.
+        _unreported.add(handle)
         try:
             path = work()
         except BaseException as exc:  # the save's failure: raised by the handle, or reported
@@ -194,8 +196,11 @@ def _start_writer(work: Callable[[], Path], handle: SaveHandle) -> None:
             _unreported.discard(handle)
             future.set_result(path)
 
-    _unreported.add(handle)
-    writer = _Thread(target=run, name=f"tlckpt-save-{handle.step}", daemon=False)
+    def in_thread() -> None:
+        _lower_priority()  # this thread's only (the inline fallback keeps the caller's)
+        run()
+
+    writer = _Thread(target=in_thread, name=f"tlckpt-save-{handle.step}", daemon=False)
     try:
         writer.start()
     except RuntimeError:  # "can't create new thread at interpreter shutdown"
