@@ -127,6 +127,7 @@ class SaveHandle:
 
 
 _Thread = threading.Thread  # the writer's class (a test stands in one that cannot start)
+_WRITER_NAME = "tlckpt-save-"  # the writer threads' names begin so (then the step)
 
 #: Background saves of this process whose outcome nobody may have been told of yet: a save in
 #: flight, or one that failed and has not raised. A handle leaves it once it committed or its
@@ -156,13 +157,23 @@ def _report_at_exit() -> None:
         try:
             error = handle._unreported_error()
         except KeyboardInterrupt:
-            _say(f"tlckpt: the background save of {where} was interrupted at exit: not committed")
+            _say(
+                f"tlckpt: the background save of {where} was interrupted at exit (Ctrl-C)"
+                " before it finished: the set may not be committed"
+            )
             continue
         if error is not None:
             _say(
                 f"tlckpt: the background save of {where} failed, nothing was committed:"
                 f" {_one_line(error)}"
             )
+    # Every writer gone, to its last bytecode, before the interpreter finalizes: a thread
+    # still ending then is stopped where it stands, and torch aborts the process (SIGABRT).
+    # A further Ctrl-C here stops the waiting; the sets are settled by now.
+    with contextlib.suppress(KeyboardInterrupt):
+        for thread in threading.enumerate():
+            if thread.name.startswith(_WRITER_NAME) and thread is not threading.current_thread():
+                thread.join()
 
 
 def _say(line: str) -> None:
@@ -200,7 +211,7 @@ def _start_writer(work: Callable[[], Path], handle: SaveHandle) -> None:
         _lower_priority()  # this thread's only (the inline fallback keeps the caller's)
         run()
 
-    writer = _Thread(target=in_thread, name=f"tlckpt-save-{handle.step}", daemon=False)
+    writer = _Thread(target=in_thread, name=f"{_WRITER_NAME}{handle.step}", daemon=False)
     try:
         writer.start()
     except RuntimeError:  # "can't create new thread at interpreter shutdown"

@@ -37,6 +37,14 @@ ENDINGS = {
     "sys.exit": ("sys.exit(0)\n", 0),
     "uncaught exception": ("raise ValueError('the training loop failed')\n", 1),
     "uncaught KeyboardInterrupt": ("raise KeyboardInterrupt\n", -2),
+    # A Ctrl-C while the interpreter joins the writer cuts that join short; the exit hook
+    # then waits for the save itself.
+    "Ctrl-C during the exit": (
+        "import signal, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.05), os.kill(os.getpid(),"
+        " signal.SIGINT)), daemon=True).start()\n",
+        0,
+    ),
 }
 
 
