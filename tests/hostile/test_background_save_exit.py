@@ -172,3 +172,25 @@ def test_a_background_save_runs_inline_where_no_writer_thread_can_start(
     assert handle.done()
     assert handle.wait() == tmp_path / f"step-{3:020d}"
     assert verify_checkpoint(handle.wait()).step == 3
+
+
+def test_the_background_save_path_takes_no_work_from_an_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``concurrent.futures`` shut down, as at interpreter exit (every ``submit``
+    raises), a background save of a model past every parallel threshold (the digest
+    thread's 1 MiB, ``codec.transfer``'s 32 MiB) still commits a set that verifies."""
+    import concurrent.futures.thread
+
+    import torch
+
+    import tlckpt
+
+    monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+    model = torch.nn.Linear(4096, 2560)  # 40 MiB of weight
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4096)).sum().backward()
+    opt.step()
+    manager = tlckpt.CheckpointManager(tmp_path)
+    handle = manager.save(7, model=model, optimizer=opt, blocking=False)
+    assert verify_checkpoint(handle.wait()).step == 7
