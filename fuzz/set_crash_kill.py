@@ -35,8 +35,8 @@ must leave its set committed (it verifies, and restores exactly) or one ``tlckpt
 stderr naming the step, the folder and the error — or, for a Ctrl-C that landed before
 ``save`` returned, the ``KeyboardInterrupt`` that ``save`` raised; never both a set and
 that line; a failing save never commits, and one with nothing against it (no size limit, no
-Ctrl-C) never fails. ``os._exit`` and SIGKILL can only leave the set
-committed whole or not at all.
+Ctrl-C) never fails. ``os._exit`` and SIGKILL can only leave the set committed whole or not
+at all.
 
 Exit status: 0 if nothing was damaged or lost, ``latest()`` always restored the right
 values and leftovers stayed bounded and were cleaned; else 1.
