@@ -20,6 +20,7 @@ from typing import Any
 from ..codec.errors import CheckpointError
 from ..codec.fileio.atomic import is_library_temporary
 from ..codec.sets.checkpoint_set import verify_checkpoint
+from ..codec.sets.set_commit import is_retired
 from ..codec.sets.set_folders import scan_sets, set_path
 from ..codec.sets.set_keys import as_key
 from ..formats.checkpoint_set import MANIFEST_FILE
@@ -75,12 +76,20 @@ def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
             verdict = f"NOT VERIFIED: {kind}{f' ({check})' if check else ''}: {_one_line(exc)}"
         rows.append((step, _human(_size(folder)), verdict))
     leftovers = [n for n in names if is_library_temporary(n)]
+    retired = [n for n in names if is_retired(n)]
     lines = [f"{directory}: {len(rows)} set(s)"]
     if rows:
         lines.append(table(("step", "size", "status"), rows))
     if leftovers:
         count = len(leftovers)
         lines.append(f"{count} leftover(s) of interrupted saves (removed by the next save)")
+    if retired:
+        # An overwrite that died where no exchange exists: the next save or manager puts
+        # the old set back (or removes it, where the new one is in place).
+        lines.append(
+            f"{len(retired)} set(s) moved aside by an interrupted overwrite (restored or"
+            " removed by the next save)"
+        )
     lines.extend(f"skipped {name}: not a checkpoint set ({why})" for name, why in strays)
     return "\n".join(lines)
 

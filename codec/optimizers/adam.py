@@ -73,10 +73,12 @@ class _AdamReader(OptimizerReader):
         expected_config: AdamConfig | None,
         sink: PayloadSink | None,
         skip_payloads: bool,
+        adopt_config: bool = False,
     ):
         self.layout = layout_of(spec.struct)
         self.dtype = dtype
         self.expected_config = expected_config
+        self.adopt_config = adopt_config
         self.file_dtype = MomentDtype.FLOAT32
         self.config: AdamConfig | None = None
         self.entries: dict[int, AdamEntry] = {}
@@ -179,6 +181,16 @@ class _AdamReader(OptimizerReader):
         expected = self.expected_config
         if expected is not None and self.dtype is None:  # either dtype: compare in the file's
             expected = dataclasses.replace(expected, dtype=config.dtype)
+        if expected is not None and self.adopt_config:
+            # The file's floats are adopted (a set restore installs them); the kind is what
+            # the optimizer is, and stays checked.
+            expected = dataclasses.replace(
+                expected,
+                beta1=config.beta1,
+                beta2=config.beta2,
+                epsilon=config.epsilon,
+                weight_decay=config.weight_decay,
+            )
         if expected is not None and not config.same_bits(expected):
             diffs = "; ".join(config.differences(expected))
             raise ConfigError(
@@ -242,11 +254,14 @@ def _read(
     expected_config: AdamConfig | None,
     sink: PayloadSink | None,
     skip_payloads: bool,
+    adopt_config: bool = False,
 ) -> tuple[AdamCheckpoint, _AdamReader]:
     reader, stamp = read_framed(
         path,
         ADAM_MAGIC,
-        lambda spec: _AdamReader(spec, schema, dtype, expected_config, sink, skip_payloads),
+        lambda spec: _AdamReader(
+            spec, schema, dtype, expected_config, sink, skip_payloads, adopt_config
+        ),
     )
     reader.stamp = stamp  # for the reads by position that may follow (validate_adam)
     if reader.config is None:  # every registered Adam spec has a config; a toy might not
@@ -270,6 +285,7 @@ def read_adam(
     dtype: MomentDtype | None = MomentDtype.FLOAT32,
     expected_config: AdamConfig | None = None,
     sink: PayloadSink | None = None,
+    adopt_config: bool = False,
 ) -> AdamCheckpoint:
     """Read and fully check an Adam/AdamW checkpoint for the destination ``schema``.
 
@@ -280,6 +296,9 @@ def read_adam(
         expected_config: the destination's already bound config, if it has one; the file's
             must equal it bit for bit.
         sink: where payloads go (default: fresh numpy arrays).
+        adopt_config: the file's betas, epsilon and weight decay are taken as they are
+            (a set restore installs them in the optimizer): only ``expected_config``'s kind
+            and dtype are checked.
 
     Returns:
         The checked :class:`AdamCheckpoint`.
@@ -300,7 +319,9 @@ def read_adam(
             raise ConfigError(
                 f"dtype must be float32 or float64, got {dtype!r}", field="dtype", actual=dtype
             ) from None
-    return _read(path, schema, dtype, expected_config, sink, skip_payloads=False)[0]
+    return _read(
+        path, schema, dtype, expected_config, sink, skip_payloads=False, adopt_config=adopt_config
+    )[0]
 
 
 @names_the_file()
@@ -310,9 +331,13 @@ def validate_adam(
     *,
     dtype: MomentDtype = MomentDtype.FLOAT32,
     expected_config: AdamConfig | None = None,
+    adopt_config: bool = False,
 ) -> tuple[AdamCheckpoint, dict[tuple[int, str], int], FileStamp]:
     """:func:`read_adam`'s checks without reading a moment: the first pass of a load whose
     payloads are read by position afterwards (each rank of a sharded load its own part).
+
+    Args:
+        adopt_config: as :func:`read_adam`'s.
 
     Returns:
         The checked file (moments ``None``), each moment payload's offset by ``(slot,
@@ -323,7 +348,9 @@ def validate_adam(
         OSError: from the file system.
     """
     dtype = MomentDtype(dtype)
-    checkpoint, reader = _read(path, schema, dtype, expected_config, None, skip_payloads=True)
+    checkpoint, reader = _read(
+        path, schema, dtype, expected_config, None, skip_payloads=True, adopt_config=adopt_config
+    )
     return checkpoint, reader.payload_offsets, reader.stamp
 
 

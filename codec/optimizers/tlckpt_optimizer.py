@@ -68,15 +68,22 @@ class OptimizerExpectation:
         dtypes: per slot, the moment dtype an entry of that slot must have (``None``: any).
         config: a TorchLean config every group must hold (the learning rate aside), with
             neither amsgrad nor maximize: what a ``TLADAMF`` destination means here.
+        adopt_config: the file's betas, epsilon and weight decay are taken as they are (a
+            set restore installs them): ``groups``/``config`` are held to their kind,
+            amsgrad and maximize only.
     """
 
     groups: Sequence[ParamGroupConfig] | None = None
     slot_groups: Sequence[int | None] | None = None
     dtypes: Sequence[str | None] | None = None
     config: AdamConfig | None = None
+    adopt_config: bool = False
 
 
 _ANY = OptimizerExpectation()
+#: The group values ``adopt_config`` takes from the file (kind, amsgrad and maximize say
+#: what the optimizer is and what state it holds: always checked).
+_ADOPTED = frozenset({"beta1", "beta2", "epsilon", "weight_decay"})
 
 
 def _group_tag(group: int | None) -> int:
@@ -140,6 +147,8 @@ class _OptimizerReader(OptimizerReader):
         index, name = path[1], path[2]
         if name == "lr":
             return  # the live optimizer keeps its own learning rate
+        if self.expect.adopt_config and name in _ADOPTED:
+            return  # taken from the file; the record's own checks have passed
         want = self._expected_group_value(index, name)
         if want is None:
             return
@@ -351,6 +360,7 @@ def read_optimizer_state(
     dtypes: Sequence[str | None] | None = None,
     config: AdamConfig | None = None,
     sink: PayloadSink | None = None,
+    adopt_config: bool = False,
 ) -> OptimizerCheckpoint:
     """Read and fully check a ``TLCKOPT`` file (tlckpt's optimizer family) for ``schema``.
 
@@ -364,6 +374,9 @@ def read_optimizer_state(
         config: a TorchLean config every group must hold (lr aside; no amsgrad, no
             maximize), as a destination that takes ``TLADAMF`` files has.
         sink: where payloads go (default: fresh numpy arrays).
+        adopt_config: take the file's betas, epsilon and weight decay as they are (a set
+            restore installs them); ``groups``/``config`` are then held to their kind,
+            amsgrad and maximize only.
 
     Returns:
         The checked :class:`~tlckpt.codec.OptimizerCheckpoint`.
@@ -382,6 +395,7 @@ def read_optimizer_state(
         None if slot_groups is None else tuple(slot_groups),
         None if dtypes is None else tuple(dtypes),
         config,
+        adopt_config,
     )
     for name, given in (("slot_groups", expect.slot_groups), ("dtypes", expect.dtypes)):
         if given is not None and len(given) != len(schema):

@@ -12,8 +12,13 @@ Commit protocol of a set (:class:`SetWriter`), the folder-level twin of
    the bytes as they stream, never a second pass), flushed and ``fsync``\\ ed;
 3. the manifest, written last and ``fsync``\\ ed: it records every member's size and
    digest;
-4. the folder ``fsync``\\ ed, renamed to ``step-<20 digits>`` (which must not exist), and the
-   parent ``fsync``\\ ed so that the rename survives a power cut.
+4. the folder ``fsync``\\ ed and renamed to ``step-<20 digits>``, and the parent ``fsync``\\ ed
+   so that the rename survives a power cut. The name must not exist, unless the save
+   overwrites: then the new folder and the old one exchange names atomically
+   (``renameat2(RENAME_EXCHANGE)``) and the old one is removed, or, where the file system
+   cannot exchange, the old one is moved aside locked (``….old``) until the new one is in
+   place, and put back by the next cleaner if the save died in between
+   (:mod:`.set_commit`).
 
 A folder named ``step-…`` whose manifest parses is *committed*; it *verifies* when every
 member is present with the size and digest the manifest records. A set saved with a key is

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
 from typing import Any, BinaryIO
 
 from ..sniffing import HEAD_BYTES
@@ -32,16 +33,77 @@ HASH_CHUNK = 16 << 20
 #: them (both release the GIL, so the two run on two cores); smaller ones are hashed inline.
 PARALLEL_DIGEST_BYTES = 1 << 20
 
-_digest_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+class _DigestJob:
+    """One ``update(data)`` handed to the digest thread; :meth:`result` waits for it."""
+
+    __slots__ = ("data", "done", "error", "update")
+
+    def __init__(self, update: Any, data: memoryview):
+        self.update = update
+        self.data: memoryview | None = data
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.update(self.data)
+        except BaseException as exc:  # handed to the waiting writer, which raises it
+            self.error = exc
+        finally:
+            self.data = None
+            self.done.set()
+
+    def result(self) -> None:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
 
 
-def _digest_thread() -> ThreadPoolExecutor:
+class _DigestThread:
+    """The digest thread of one process: a worker thread and its queue of jobs, in order.
+
+    Not a ``concurrent.futures`` executor: those refuse work once interpreter shutdown has
+    begun (``concurrent.futures`` sets its flag before the non-daemon threads are joined),
+    and a background save that the end of a script leaves running must still hash its
+    members. The thread is a daemon: it holds nothing between jobs, and every job's writer
+    waits for it, so whatever a writer finishes, its hashing finished too.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue[_DigestJob] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="tlckpt-digest", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.jobs.get().run()
+
+    def submit(self, update: Any, data: memoryview) -> _DigestJob:
+        job = _DigestJob(update, data)
+        self.jobs.put(job)
+        return job
+
+
+_digest_worker: _DigestThread | None = None
+
+
+def _digest_thread() -> _DigestThread | None:
     """The digest thread of this process (a forked child gets its own: the parent's thread
-    does not exist in it)."""
-    global _digest_pool
-    if _digest_pool is None or _digest_pool[0] != os.getpid():
-        _digest_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tlckpt-digest"))
-    return _digest_pool[1]
+    does not exist in it), or ``None`` where no thread can be started (Python 3.12 and later
+    refuse new threads once shutdown has begun): the caller then hashes inline.
+
+    No lock: two threads racing here at most start one spare thread, which stays idle; a
+    lock could be held by another thread at a ``fork`` and never released in the child.
+    """
+    global _digest_worker
+    worker = _digest_worker
+    if worker is None or worker.pid != os.getpid():
+        try:
+            worker = _digest_worker = _DigestThread()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown", or none left
+            return None
+    return worker
 
 
 class DigestingWriter:
@@ -67,8 +129,9 @@ class DigestingWriter:
         if not view.c_contiguous:
             raise ValueError("write() needs a contiguous buffer")
         view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-        if view.nbytes >= PARALLEL_DIGEST_BYTES:
-            hashing = _digest_thread().submit(self.hash.update, view)
+        worker = _digest_thread() if view.nbytes >= PARALLEL_DIGEST_BYTES else None
+        if worker is not None:
+            hashing = worker.submit(self.hash.update, view)
             try:
                 written = self.file.write(view)
             finally:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ...codec.fileio.interrupts import deferred_interrupts
+from ...codec.values.optimizer_types import ParamGroupConfig
 
 __all__ = [
     "committing",
@@ -114,6 +115,10 @@ class OptimizerPlan(Plan):
         optimizer: the live optimizer.
         state: its new state, keyed by parameter in param-group order (as torch keeps it).
         random_counter: the file's random counter, or ``None``.
+        member_groups: per param group, the hyperparameters the file holds (the live
+            group's where the file holds none: the learning rate). The commit leaves the
+            param groups alone: a set restore installs these values with the training
+            state's.
     """
 
     def __init__(
@@ -121,10 +126,12 @@ class OptimizerPlan(Plan):
         optimizer: torch.optim.Optimizer,
         state: dict[torch.Tensor, dict],
         random_counter: int | None,
+        member_groups: tuple[ParamGroupConfig, ...] = (),
     ):
         self.optimizer = optimizer
         self.state = state
         self.random_counter = random_counter
+        self.member_groups = member_groups
 
     def commit(self) -> None:
         install_state(self.optimizer, self.state)

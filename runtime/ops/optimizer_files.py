@@ -23,11 +23,20 @@ when sharded). Then the complete replacement state is built (``step`` in the for
 optimizer's settings expect; a slot without an entry gets no state, as torch has it before
 the slot's first step); the plan's commit swaps it in, in one step. Any error before the
 swap leaves the optimizer bit for bit as it was.
+
+A load checks the file's hyperparameters against the live optimizer's bit for bit (a file
+belongs to an optimizer of its own settings). A set restore passes ``adopt_config``: then the
+file's betas, eps and weight decay are not compared (a scheduler such as ``CyclicLR`` changes
+beta1 every step, and a fresh optimizer is built with the defaults) but taken, per param
+group, into the plan's ``member_groups``, for the training state to check its document
+against and install; the kind, amsgrad and maximize (what the optimizer is, and what state
+each slot holds) and every other rule are checked as always.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
@@ -45,8 +54,8 @@ from ...codec.optimizers.adam_writer import adam_layout, write_adam
 from ...codec.optimizers.tlckpt_optimizer import read_optimizer_state
 from ...codec.optimizers.tlckpt_optimizer_writer import write_optimizer_state
 from ...codec.values.config import AdamConfig
-from ...codec.values.optimizer_types import OptimizerEntry
-from ...formats.primitives import float_bits
+from ...codec.values.optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
+from ...formats.primitives import bits_float, float_bits
 from ...formats.tlckpt_optimizer import GROUP_FLOATS
 from ..binding import adam_moments
 from ..binding.adam_binding import AdamBinding, bind_optimizer
@@ -254,8 +263,35 @@ class _MomentSink:
         self.receiver.put(adam_moments.item(record, field), self.values)
 
 
-def _read(binding: AdamBinding, path: PathOrFile, receiver: Receiver) -> dict[str, Any]:
-    """Read the file, of either family, into ``receiver``; its steps and random counter."""
+#: The hyperparameters a set restore adopts from the optimizer member.
+_ADOPTED = ("beta1", "beta2", "epsilon", "weight_decay")
+
+
+def _member_floats(binding: AdamBinding, checkpoint: Any) -> list[list[int]]:
+    """Per live param group, the bits of the file's :data:`_ADOPTED` values (JSON-able, to
+    share across ranks): a ``TLADAMF`` file's one config for every group, a ``TLCKOPT``
+    file's own groups (as many as the live ones: the reader checked)."""
+    if isinstance(checkpoint, OptimizerCheckpoint):
+        groups: Any = checkpoint.groups
+    else:
+        groups = [checkpoint.config] * len(binding.group_configs)
+    return [[float_bits(getattr(g, name)) for name in _ADOPTED] for g in groups]
+
+
+def _member_groups(binding: AdamBinding, floats: list[list[int]]) -> tuple[ParamGroupConfig, ...]:
+    """The live groups' configs with the file's :data:`_ADOPTED` values (the kind, amsgrad
+    and maximize the reader found equal; the lr stays the live one's)."""
+    return tuple(
+        dataclasses.replace(live, **{n: bits_float(b) for n, b in zip(_ADOPTED, bits)})
+        for live, bits in zip(binding.group_configs, floats)
+    )
+
+
+def _read(
+    binding: AdamBinding, path: PathOrFile, receiver: Receiver, adopt_config: bool
+) -> dict[str, Any]:
+    """Read the file, of either family, into ``receiver``; its steps, random counter and
+    hyperparameters (:func:`_member_floats`)."""
     schema = binding.slots.schema
     sink = _MomentSink(receiver, binding)
     with open_source(path) as src:
@@ -263,7 +299,12 @@ def _read(binding: AdamBinding, path: PathOrFile, receiver: Receiver) -> dict[st
         if family == TORCHLEAN_FAMILY:
             config = binding.fit().require()  # the one config a TLADAMF file can hold
             checkpoint: Any = read_adam(
-                src.file, schema, dtype=config.dtype, expected_config=config, sink=sink
+                src.file,
+                schema,
+                dtype=config.dtype,
+                expected_config=config,
+                sink=sink,
+                adopt_config=adopt_config,
             )
         elif family == OWN_FAMILY:
             checkpoint = read_optimizer_state(
@@ -273,11 +314,16 @@ def _read(binding: AdamBinding, path: PathOrFile, receiver: Receiver) -> dict[st
                 slot_groups=binding.state_group_index,
                 dtypes=binding.dtypes,
                 sink=sink,
+                adopt_config=adopt_config,
             )
         else:
             raise families_differ(family, [TORCHLEAN_FAMILY, OWN_FAMILY])
     steps = [[slot, entry.step] for slot, entry in checkpoint.entries.items()]
-    return {"steps": steps, "counter": checkpoint.random_counter}
+    return {
+        "steps": steps,
+        "counter": checkpoint.random_counter,
+        "groups": _member_floats(binding, checkpoint),
+    }
 
 
 def _family_of(path: PathOrFile) -> str | None:
@@ -308,6 +354,7 @@ def _load_in_parallel(
     binding: AdamBinding,
     path: Any,
     restore_random_counter: bool,
+    adopt_config: bool,
 ) -> OptimizerPlan:
     """A ``TLADAMF`` file: every rank checks it itself, then reads its own part of each
     moment (:mod:`.positional`); every rank agrees before the plan is made."""
@@ -318,7 +365,11 @@ def _load_in_parallel(
             f = stack.enter_context(open_regular(path))
             config = binding.fit().require()  # the one config a TLADAMF file can hold
             checkpoint, offsets, stamp = validate_adam(
-                f, slots.schema, dtype=config.dtype, expected_config=config
+                f,
+                slots.schema,
+                dtype=config.dtype,
+                expected_config=config,
+                adopt_config=adopt_config,
             )
             _unasked_counter(checkpoint.random_counter, restore_random_counter)
             return f, checkpoint, offsets, stamp, config
@@ -327,7 +378,11 @@ def _load_in_parallel(
             _, checkpoint, offsets, stamp, _ = checked
             steps = sorted((slot, entry.step) for slot, entry in checkpoint.entries.items())
             return fingerprint(
-                sorted(offsets.items()), steps, checkpoint.random_counter, stamp.size
+                sorted(offsets.items()),
+                steps,
+                checkpoint.random_counter,
+                stamp.size,
+                _member_floats(binding, checkpoint),
             )
 
         f, checkpoint, offsets, stamp, config = placement.agree(validate, found)
@@ -347,7 +402,8 @@ def _load_in_parallel(
         )
     steps = {slot: int(entry.step) for slot, entry in checkpoint.entries.items()}
     state = placement.agree(lambda: adam_moments.new_state(binding, steps, parts))
-    return OptimizerPlan(optimizer, state, checkpoint.random_counter)
+    member = _member_groups(binding, _member_floats(binding, checkpoint))
+    return OptimizerPlan(optimizer, state, checkpoint.random_counter, member)
 
 
 def plan_load(
@@ -356,12 +412,19 @@ def plan_load(
     module_or_params: ModuleOrParams,
     path: PathOrFile,
     restore_random_counter: bool,
+    adopt_config: bool = False,
 ) -> OptimizerPlan:
     """Read and check the optimizer's file and build its replacement state (see
     :func:`~tlckpt.runtime.load_optimizer`); nothing live changes.
 
+    Args:
+        adopt_config: don't require the file's betas, eps and weight decay to equal the live
+            ones (a set restore: the member's are the truth, and the training state installs
+            them); every other check stays.
+
     Returns:
-        The plan, holding the file's random counter; its commit swaps the state in.
+        The plan, holding the file's random counter and hyperparameters
+        (``member_groups``); its commit swaps the state in (and changes no param group).
     """
 
     def check() -> AdamBinding:
@@ -379,11 +442,13 @@ def plan_load(
         return f"a {family} file" if family else "an unreadable file"
 
     if placement.parallel(path, "load", binding.slots.tensors, why_not):
-        return _load_in_parallel(placement, optimizer, binding, path, restore_random_counter)
+        return _load_in_parallel(
+            placement, optimizer, binding, path, restore_random_counter, adopt_config
+        )
     receiver = placement.receiver(items, in_order=False, on_device=True)
 
     def read() -> dict[str, Any]:
-        summary = _read(binding, path, receiver)
+        summary = _read(binding, path, receiver, adopt_config)
         _unasked_counter(summary["counter"], restore_random_counter)
         return summary
 
@@ -391,4 +456,5 @@ def plan_load(
     steps = {int(slot): int(step) for slot, step in summary["steps"]}
     parts = receiver.received()
     state = placement.agree(lambda: adam_moments.new_state(binding, steps, parts))
-    return OptimizerPlan(optimizer, state, summary["counter"])
+    member = _member_groups(binding, summary["groups"])
+    return OptimizerPlan(optimizer, state, summary["counter"], member)

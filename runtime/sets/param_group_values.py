@@ -5,9 +5,14 @@ A param group's keys are of three kinds:
 
 * **the optimizer member's** (:data:`MEMBER_KEYS`: betas, eps, weight decay, amsgrad,
   maximize, and ``decoupled_weight_decay``, which is the kind): the optimizer file holds
-  them too, and its load checks them bit for bit against the live optimizer. They are the
-  truth: the document must hold the same values (an edited document is refused, a
-  ``ConfigError`` naming the group and key), and nothing is written;
+  them too, and they are the truth (:func:`member_values`). The document must hold the
+  member's values bit for bit (an edited document is refused, a ``ConfigError`` naming the
+  group and key). The member's betas, eps and weight decay (:data:`INSTALLED_KEYS`) are
+  installed, in the live value's form (a scheduler such as ``CyclicLR`` cycles beta1, and a
+  fresh optimizer is built with its defaults: torch's ``load_state_dict`` restores them
+  too). amsgrad, maximize and the kind are what the optimizer is (amsgrad: whether each
+  slot holds ``max_exp_avg_sq``): the member's load requires the live ones to equal them,
+  so nothing is installed;
 * **execution flags** (:data:`EXECUTION_FLAGS`: ``fused``, ``foreach``, ``capturable``,
   ``differentiable``): how this run computes a step, not what it computes. They are the live
   run's, neither compared nor restored (a set saved by a GPU run with ``capturable=True``
@@ -21,7 +26,7 @@ A param group's keys are of three kinds:
 
 A key the live group does not have is not restored (a set written under a newer torch may
 hold some; nothing installs a key the optimizer never had). A key the document lacks leaves
-the live value as it is.
+the live value as it is (the :data:`INSTALLED_KEYS` aside: the member holds them).
 """
 
 from __future__ import annotations
@@ -36,13 +41,18 @@ import torch
 from ...codec.errors import ConfigError
 from ...codec.sets.exact_values import TensorScalar
 from ...codec.sets.set_document_checks import short
+from ...codec.values.optimizer_types import ParamGroupConfig
+from ...formats.adam import AdamKind
 
-__all__ = ["MEMBER_KEYS", "EXECUTION_FLAGS", "restored_values"]
+__all__ = ["MEMBER_KEYS", "INSTALLED_KEYS", "EXECUTION_FLAGS", "restored_values", "member_values"]
 
-#: The hyperparameters the optimizer member holds and its load checks (never restored).
+#: The hyperparameters the optimizer member holds: the document must agree with it.
 MEMBER_KEYS = frozenset(
     {"betas", "eps", "weight_decay", "amsgrad", "maximize", "decoupled_weight_decay"}
 )
+#: The member's values a set restore installs into the live groups (the others of
+#: :data:`MEMBER_KEYS` its load requires the live optimizer to hold already).
+INSTALLED_KEYS = ("betas", "eps", "weight_decay")
 #: How the live run computes a step: its own, never restored nor compared.
 EXECUTION_FLAGS = frozenset({"fused", "foreach", "capturable", "differentiable"})
 #: Keys holding a learning rate: numbers must also be finite and not negative.
@@ -96,10 +106,11 @@ def _shown(value: Any) -> str:
     return short(value)
 
 
-def _differs(field: str, saved: Any, live: Any, why: str) -> ConfigError:
+def _differs(
+    field: str, saved: Any, live: Any, why: str, where: str = "the optimizer"
+) -> ConfigError:
     return ConfigError(
-        f"{field} is {_shown(saved)} in the set's training state, {_shown(live)} in the"
-        f" optimizer: {why}",
+        f"{field} is {_shown(saved)} in the set's training state, {_shown(live)} in {where}: {why}",
         field=field,
         actual=_shown(live),
         expected=_shown(saved),
@@ -166,26 +177,100 @@ def restored_values(
         Key → value to install (tensors already of the live tensor's dtype and device).
 
     Raises:
-        ConfigError: a member key whose saved value differs from the live one, or a
-            restored key whose saved value is not of the live value's form (or a learning
-            rate negative, NaN or infinite); the group and key named.
+        ConfigError: a restored key whose saved value is not of the live value's form (or
+            a learning rate negative, NaN or infinite); the group and key named. (The
+            :data:`MEMBER_KEYS` are left to :func:`member_values`, once the member is read.)
     """
     out: dict[str, Any] = {}
     for key, value in saved.items():
         field = f"param_groups[{index}].{key}"
-        if key in EXECUTION_FLAGS or key not in live:
-            continue
-        if key in MEMBER_KEYS:
-            if not _agrees(value, live[key]):
-                raise _differs(
-                    field,
-                    value,
-                    live[key],
-                    "a set restores into an optimizer of its own hyperparameters (its optimizer"
-                    " member holds them, checked bit for bit), and the document must agree",
-                )
+        if key in EXECUTION_FLAGS or key in MEMBER_KEYS or key not in live:
             continue
         out[key] = _restored(value, live[key], field)
         if key in _RATES:
             _check_rate(value, live[key], field)
     return out
+
+
+def _member_value(member: ParamGroupConfig, key: str) -> Any:
+    """The member's value for a :data:`MEMBER_KEYS` key, as torch names and forms it."""
+    if key == "betas":
+        return (member.beta1, member.beta2)
+    if key == "eps":
+        return member.epsilon
+    if key == "decoupled_weight_decay":
+        return member.kind is AdamKind.ADAMW
+    return getattr(member, key)  # weight_decay, amsgrad, maximize
+
+
+def _in_live_form(value: Any, live: Any, field: str) -> Any:
+    """The member's ``value`` (a float, or a tuple of them) in the live value's form: a
+    zero-dimensional tensor of the live dtype and device for a tensor (exactly the value,
+    else refused), an int for an int when the value is one exactly, else a float."""
+    if type(live) in (tuple, list) and type(value) is tuple and len(live) == len(value):
+        return type(live)(
+            _in_live_form(v, x, f"{field}[{i}]") for i, (v, x) in enumerate(zip(value, live))
+        )
+    if isinstance(live, torch.Tensor) and live.dim() == 0 and type(value) is float:
+        try:
+            out = torch.tensor(value, dtype=live.dtype, device=live.device)
+        except (RuntimeError, TypeError, OverflowError) as exc:
+            raise _member_differs(field, value, live, f"torch refuses the value ({exc})") from None
+        if _bits(out.item()) != _bits(value):
+            dtype = str(live.dtype).removeprefix("torch.")
+            raise _member_differs(field, value, live, f"the value is not exactly a {dtype}")
+        return out
+    if isinstance(live, (int, float)) and not isinstance(live, bool) and type(value) is float:
+        if type(live) is int and math.isfinite(value) and _bits(float(int(value))) == _bits(value):
+            return int(value)  # torch's own default (``weight_decay=0``) keeps its form
+        return value
+    raise _member_differs(field, value, live, f"a live {type(live).__name__} is not restored")
+
+
+def _member_differs(field: str, member: Any, live: Any, why: str) -> ConfigError:
+    return ConfigError(
+        f"{field} is {_shown(member)} in the set's optimizer member, {_shown(live)} in the"
+        f" optimizer: {why}",
+        field=field,
+        actual=_shown(live),
+        expected=_shown(member),
+    )
+
+
+def member_values(
+    saved: Mapping[str, Any], live: Mapping[str, Any], member: ParamGroupConfig, index: int
+) -> dict[str, Any]:
+    """Param group ``index``'s :data:`INSTALLED_KEYS` values to install, the member's, once
+    the document is found to agree with the member (see the module's docstring).
+
+    Args:
+        saved: the document's values for the group.
+        live: the live param group.
+        member: the optimizer member's hyperparameters for the group.
+        index: the group's index, for errors.
+
+    Returns:
+        Key → value to install, for the :data:`INSTALLED_KEYS` the live group has, in the
+        live value's form.
+
+    Raises:
+        ConfigError: a :data:`MEMBER_KEYS` value of the document that differs from the
+            member's, or a member value the live form cannot hold exactly (a beta a live
+            float16 tensor cannot hold); the group and key named.
+    """
+    for key in sorted(MEMBER_KEYS & saved.keys()):
+        want = _member_value(member, key)
+        if not _agrees(saved[key], want):
+            raise _differs(
+                f"param_groups[{index}].{key}",
+                saved[key],
+                want,
+                "the optimizer member holds the hyperparameters a set restores, and the"
+                " training state must agree with it bit for bit",
+                where="the set's optimizer member",
+            )
+    return {
+        key: _in_live_form(_member_value(member, key), live[key], f"param_groups[{index}].{key}")
+        for key in INSTALLED_KEYS
+        if key in live
+    }

@@ -185,8 +185,10 @@ def _fit_and_commit(
             plans.enter_context(model_plan)
             optimizer_plan = None
             if optimizer is not None:
+                # The member's hyperparameters are the truth: read, not compared with the
+                # live optimizer's (a fresh one has its defaults), installed below.
                 optimizer_plan = optimizer_files.plan_load(
-                    placement, optimizer, model, member("optimizer"), False
+                    placement, optimizer, model, member("optimizer"), False, adopt_config=True
                 )
                 plans.enter_context(optimizer_plan)
         except (CheckpointError, OSError):
@@ -197,6 +199,9 @@ def _fit_and_commit(
             placement.agree(verified.confirm_unchanged)
         else:
             placement.agree(lambda: None)
+        if optimizer_plan is not None:
+            member_groups = optimizer_plan.member_groups
+            placement.agree(lambda: application.adopt_member(member_groups))
         with committing():
             application.apply_scheduler()
             model_plan.commit()

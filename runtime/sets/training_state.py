@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,10 @@ from ...codec.sets.exact_values import TensorScalar
 from ...codec.sets.rng_states import check_random_state
 from ...codec.sets.set_document_writing import build_training_state
 from ...codec.sets.set_documents import TrainingState
+from ...codec.values.optimizer_types import ParamGroupConfig
 from ..commit.rollback import Rollback
 from . import rng_states
-from .param_group_values import restored_values
+from .param_group_values import member_values, restored_values
 
 __all__ = ["capture", "prepare", "Application"]
 
@@ -118,10 +120,10 @@ def capture(
 # --------------------------------------------------------------------------- restore
 
 
-def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
-    """Put a hyperparameter back; a live zero-dimensional tensor keeps its identity (a
-    compiled or captured step holds it) and takes the value in place."""
-    live = group.get(key)
+def _in_place(live: Any, value: Any) -> Any:
+    """What to store for ``value`` where ``live`` is: a live tensor of the same shape and
+    dtype takes the value in place and stays (a compiled or captured step holds it), also
+    inside a tuple or list (tensor betas)."""
     if (
         isinstance(live, torch.Tensor)
         and isinstance(value, torch.Tensor)
@@ -129,8 +131,16 @@ def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
         and live.dtype == value.dtype
     ):
         live.copy_(value)
-    else:
-        group[key] = value
+        return live
+    if type(live) in (tuple, list) and type(value) is type(live) and len(value) == len(live):
+        return type(live)(_in_place(a, b) for a, b in zip(live, value))
+    return value
+
+
+def _set_group_value(group: dict[str, Any], key: str, value: Any) -> None:
+    """Put a hyperparameter back; a live zero-dimensional tensor keeps its identity (a
+    compiled or captured step holds it) and takes the value in place."""
+    group[key] = _in_place(group.get(key), value)
 
 
 @dataclass
@@ -143,6 +153,7 @@ class Application:
     scheduler: Any
     scheduler_state: Any
     rng: dict[str, Any] | None
+    saved_groups: list[dict[str, Any]] | None = None
 
     def apply_scheduler(self) -> None:
         """Load the scheduler's state (first in the commit: the one step that calls user
@@ -170,6 +181,24 @@ class Application:
                 f"the scheduler refused the saved state: {type(exc).__name__}: {exc}",
                 field="scheduler",
             ) from exc
+
+    def adopt_member(self, member_groups: Sequence[ParamGroupConfig]) -> None:
+        """Check the document's param groups against the optimizer member's hyperparameters
+        (per group, as the member's plan read them) and add the member's values to those
+        :meth:`apply` installs (:func:`~.param_group_values.member_values`); change nothing
+        live.
+
+        Raises:
+            ConfigError: the document disagrees with the member, or a member value the live
+                form cannot hold (the group and key named).
+        """
+        if self.optimizer is None or self.groups is None:
+            return
+        saved_groups = self.saved_groups or []
+        for i, (values, saved, live, member) in enumerate(
+            zip(self.groups, saved_groups, self.optimizer.param_groups, member_groups)
+        ):
+            values.update(member_values(saved, live, member, i))
 
     def apply(self) -> None:
         """Param groups' hyperparameters and the random states (dictionary assignments and
@@ -207,9 +236,10 @@ def prepare(
 ) -> Application:
     """Check the training state against the live objects; change nothing.
 
-    Param groups: the values the optimizer member holds must agree with the live ones, the
-    execution flags stay the live run's, and only keys the live group has are restored, in
-    the live value's form (:mod:`.param_group_values`).
+    Param groups: the execution flags stay the live run's, and only keys the live group has
+    are restored, in the live value's form (:mod:`.param_group_values`); the values the
+    optimizer member holds are checked and added once it is read
+    (:meth:`Application.adopt_member`).
 
     Raises:
         CheckpointError: a scheduler is given and the set has none; the set's param groups
@@ -243,4 +273,5 @@ def prepare(
         scheduler=scheduler,
         scheduler_state=state.scheduler,
         rng=_prepared_rng(state.rng) if rng else None,
+        saved_groups=None if optimizer is None else list(state.param_groups),
     )

@@ -25,6 +25,8 @@ def test_ls_and_verify_checkpoint_sets(capsys: pytest.CaptureFixture[str], tmp_p
     data = member.read_bytes()
     member.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     (tmp_path / f".{good.name}.tlckpt-abcdefgh.tmp").mkdir()  # a killed save's leftover
+    # An overwrite killed where no exchange exists leaves the old set moved aside.
+    (tmp_path / f".{good.name}.tlckpt-abcdefgh.old").mkdir()
 
     out = run_ok(capsys, "ls", tmp_path)
     rows = {
@@ -34,6 +36,7 @@ def test_ls_and_verify_checkpoint_sets(capsys: pytest.CaptureFixture[str], tmp_p
     assert "verified (" in rows["1"] and "NOT VERIFIED" not in rows["1"]
     assert "NOT VERIFIED: IntegrityError (digest)" in rows["2"] and member.name in rows["2"]
     assert "1 leftover(s)" in out
+    assert "1 set(s) moved aside by an interrupted overwrite" in out
 
     code, out, _ = run(capsys, "verify", good)
     assert code == 0 and f"{good}: ok (step 1, 2 state tensors" in out

@@ -1,10 +1,14 @@
 """An edited training-state document no longer overrides the optimizer (issue #20, item 7).
 
-The optimizer member holds betas, eps, weight decay, amsgrad and maximize, and its load
-checks them bit for bit against the live optimizer; the document's copy used to be
-installed after that check, unchecked. Now the document must agree with them, execution
-flags stay the live run's, and only keys the live group has are restored, in the live
-value's form. Every set here is edited and resealed (its digests recomputed).
+The optimizer member holds betas, eps, weight decay, amsgrad and maximize; the document's
+copy used to be installed after the member's load, unchecked. The member's values are the
+truth: a set restore installs its betas, eps and weight decay (a scheduler cycling beta1, a
+fresh optimizer built with the defaults: the live values need not equal them), requires the
+live amsgrad, maximize and kind to equal its own, and the document must agree with the
+member bit for bit — so an edited document is refused even when it agrees with the live
+optimizer instead. Execution flags stay the live run's, and only keys the live group has are
+restored, in the live value's form. Every set here is edited and resealed (its digests
+recomputed).
 """
 
 from __future__ import annotations
@@ -141,6 +145,51 @@ def test_a_document_that_disagrees_is_refused(saved_set: Path, tmp_path: Path, n
         load_checkpoint(folder, model=model, optimizer=optimizer, scheduler=scheduler)
     assert caught.value.field == field, caught.value
     assert _same(_snapshot(model, optimizer, scheduler), before)
+
+
+@pytest.fixture(scope="module")
+def other_betas_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A set whose optimizer member's betas and eps are not the ones :func:`_run` builds."""
+    folder = tmp_path_factory.mktemp("other") / "s"
+    model, optimizer, scheduler = _run(0, betas=(0.8, 0.95), eps=1e-6)
+    _train(model, optimizer, scheduler, 3)
+    save_checkpoint(folder, model=model, optimizer=optimizer, scheduler=scheduler, step=3)
+    return folder
+
+
+#: Edits that make the document agree with the live optimizer, not with the member.
+LIVE_NOT_MEMBER = {
+    "betas": (
+        "param_groups[1].betas",
+        lambda g: g[1].__setitem__("betas", {"$tuple": [0.9, 0.999]}),
+    ),
+    "eps": ("param_groups[0].eps", lambda g: g[0].__setitem__("eps", 1e-8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_NOT_MEMBER))
+def test_a_document_agreeing_with_the_live_optimizer_not_the_member_is_refused(
+    other_betas_set: Path, tmp_path: Path, name: str
+) -> None:
+    """The member is the truth: a document edited to the live optimizer's own values (which
+    the restore would otherwise leave alone) is refused, the group and key named, with
+    nothing live changed."""
+    field, edit = LIVE_NOT_MEMBER[name]
+    folder = _edited(other_betas_set, tmp_path, edit)
+    model, optimizer, scheduler = _run(1)
+    before = _snapshot(model, optimizer, scheduler)
+    with pytest.raises(ConfigError, match="optimizer member") as caught:
+        load_checkpoint(folder, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert caught.value.field == field, caught.value
+    assert _same(_snapshot(model, optimizer, scheduler), before)
+
+
+def test_the_unedited_document_installs_the_members_values(other_betas_set: Path) -> None:
+    """The same set, unedited, restores into the default-built optimizer with the member's
+    betas and eps."""
+    model, optimizer, scheduler = _run(1)
+    load_checkpoint(other_betas_set, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert [(g["betas"], g["eps"]) for g in optimizer.param_groups] == [((0.8, 0.95), 1e-6)] * 2
 
 
 def test_unknown_keys_and_execution_flags_are_not_installed(

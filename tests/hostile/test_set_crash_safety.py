@@ -1,4 +1,5 @@
-"""Crash safety of checkpoint sets: the short CI version of ``python -m fuzz.set_crash_kill``.
+"""Crash safety of checkpoint sets: the short CI versions of ``python -m fuzz.set_crash_kill``
+(and of its ``--exit-background`` mode).
 
 A child saving checkpoint sets (blocking and in the background) is killed with SIGKILL at
 random moments: every committed set still verifies, ``latest()`` is the newest and restores
@@ -32,5 +33,34 @@ def test_sigkill_during_set_saves_never_damages_or_loses_a_set(tmp_path: Path) -
     assert report["problems"] == [], report
     assert report["trials_killed"] >= 2, report
     assert report["restores_checked"] == 10, report
+    assert report["max_leftovers"] <= 2, report
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_background_saves_ended_by_process_exit_commit_or_say_so(tmp_path: Path) -> None:
+    """``--exit-background``: each child starts a background save and ends (script end,
+    ``sys.exit``, an exception, ``KeyboardInterrupt``, SIGINT, ``os._exit``, SIGKILL; some
+    under a file size limit): its set is committed and verifies, or stderr says why not."""
+    proc = run_campaign(
+        [
+            "fuzz.set_crash_kill",
+            "--exit-background",
+            "--trials",
+            "10",
+            "--size-mb",
+            "2",
+            "--quiet",
+            "--dir",
+            str(tmp_path),
+        ],
+        timeout=400,
+    )
+    report = last_json(proc.stdout)
+    assert report, proc.stdout + proc.stderr[-3000:]
+    assert report["problems"] == [], report
+    assert sum(report["outcomes"].values()) == 11, report  # and the calibration trial
+    endings = {outcome.split(":")[0] for outcome in report["outcomes"]}
+    assert len(endings) >= 4, report
+    assert report["restores_checked"] >= 1, report
     assert report["max_leftovers"] <= 2, report
     assert proc.returncode == 0, proc.stdout

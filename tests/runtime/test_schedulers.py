@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.optim import lr_scheduler as schedulers
 
-from tlckpt import CheckpointManager, ConfigError, load_checkpoint, save_checkpoint
+from tlckpt import CheckpointManager, load_checkpoint, save_checkpoint
 
 TOTAL = 12
 SAVE_AT = 5
@@ -175,12 +175,6 @@ def test_resume_through_a_set_is_bit_exact(name: str, tmp_path: Path) -> None:
     _resume(name, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ConfigError,
-    reason="restore side (issue #20 item 7): the optimizer member's beta1, cycled by the"
-    " scheduler, is checked against the fresh optimizer's instead of being restored",
-)
 @pytest.mark.parametrize("name", sorted(MOMENTUM_CYCLING))
 def test_momentum_cycling_resume_is_bit_exact(name: str, tmp_path: Path) -> None:
     _resume(name, tmp_path, MOMENTUM_CYCLING)
