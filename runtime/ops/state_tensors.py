@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ __all__ = [
     "NamedTensors",
     "DEFAULT_BITS_DTYPE",
     "state_tensors",
+    "require_module",
     "float32_named_state",
     "bits_named_state",
     "tied_copies",
@@ -78,6 +80,20 @@ def state_tensors(module_or_tensors: ModuleOrTensors) -> NamedTensors:
         "state",
         _not_a_tensor,
     )
+
+
+def require_module(model: Any) -> None:
+    """Refuse anything but a module (a set records its tensors' names).
+
+    Raises:
+        CheckpointError: ``model`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise CheckpointError(
+            f"model must be a torch.nn.Module (a set records its tensors' names), got"
+            f" {type(model).__name__}",
+            field="model",
+        )
 
 
 def float32_named_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:

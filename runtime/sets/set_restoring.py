@@ -16,17 +16,22 @@ import torch
 
 from ...codec.errors import CheckpointError, SchemaMismatchError
 from ...codec.sets.checkpoint_set import VerifiedSet, newest_usable
+from ...codec.sets.set_documents import parse_manifest, parse_training_state
 from ...codec.sets.set_folders import set_path
 from ...codec.sets.set_keys import as_key
-from ...formats.checkpoint_set import MODEL_FLOAT32_FILE
+from ...formats.checkpoint_set import (
+    MAX_MANIFEST_BYTES,
+    MAX_TRAINING_STATE_BYTES,
+    MODEL_FLOAT32_FILE,
+)
 from ..commit.plans import committing
 from ..ops import bits_files, float32_files, optimizer_files
-from ..ops.state_tensors import state_tensors
+from ..ops.state_tensors import require_module, state_tensors
 from ..placement.choice import placement_for
+from ..placement.collectives import broadcast_bytes, is_writer
 from ..placement.local_placement import LOCAL
 from ..placement.placement_protocol import Placement
 from . import training_state
-from .set_writing import require_module
 
 __all__ = ["Restored", "Targets", "restore_set", "restore_latest"]
 
@@ -116,7 +121,7 @@ def restore_set(
     key = as_key(key)  # a bad key is the caller's error, never a set to pass over
     placement = placement_for(targets.model)
     if placement is not LOCAL:
-        return _restore_sharded(folder, targets, key)
+        return _restore_sharded(placement, folder, targets, key)
     with contextlib.ExitStack() as stack:
         try:
             verified = stack.enter_context(VerifiedSet.open(folder, streaming=True, key=key))
@@ -213,37 +218,32 @@ def _fit_and_commit(
 
 
 def _restore_sharded(
+    placement: Placement,
     folder: str | os.PathLike,
     targets: Targets,
     key: Any = None,
 ) -> Restored:
-    """Rank 0 verifies (and authenticates) and reads the documents, every rank gets them,
-    every rank plans and commits (the loads are collectives)."""
-    from ...codec.sets.set_documents import parse_manifest, parse_training_state
-    from ...formats.checkpoint_set import MAX_MANIFEST_BYTES, MAX_TRAINING_STATE_BYTES
-    from ..placement.collectives import broadcast_bytes, is_writer
-
-    placement = placement_for(targets.model)
+    """Rank 0 opens the set once, verifying (and authenticating) it and parsing its
+    documents; the other ranks get the very bytes it verified and parse them; every rank
+    plans and commits (the loads are collectives)."""
     with contextlib.ExitStack() as stack:
 
-        def verify() -> VerifiedSet | None:
+        def verify() -> tuple[VerifiedSet, Any] | None:
             if not is_writer():
                 return None
             opened = stack.enter_context(VerifiedSet.open(folder, key=key))
-            opened.training_state()
-            return opened
+            return opened, opened.training_state()
 
-        verified = placement.agree(verify)
-        manifest_bytes = training_bytes = None
-        if verified is not None:
-            # The very bytes rank 0 verified (and authenticated), not a second read.
-            manifest_bytes = verified.manifest_bytes
-            training_bytes = verified.file("training_state").read()
-        manifest = parse_manifest(
-            broadcast_bytes(manifest_bytes), MAX_MANIFEST_BYTES, authenticate=False
-        )
-        state = parse_training_state(broadcast_bytes(training_bytes), MAX_TRAINING_STATE_BYTES)
-        return _fit_and_commit(placement, verified, state, manifest, targets)
+        checked = placement.agree(verify)
+        if checked is not None:  # rank 0: what it verified, parsed once
+            verified, state = checked
+            manifest = verified.manifest
+            broadcast_bytes(verified.manifest_bytes)
+            broadcast_bytes(verified.file("training_state").read())  # the handle it checked
+            return _fit_and_commit(placement, verified, state, manifest, targets)
+        manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
+        state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
+        return _fit_and_commit(placement, None, state, manifest, targets)
 
 
 def restore_latest(

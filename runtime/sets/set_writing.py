@@ -1,6 +1,7 @@
 """Writing a checkpoint set from torch objects: the source of a save (the live objects, or a
-snapshot of them) and :func:`write_set`, through the public save functions into the codec's
-:class:`~tlckpt.codec.sets.checkpoint_set.SetWriter` (see :mod:`.checkpoint_sets`).
+snapshot of them) and :func:`write_set`, through the operations a restore reads with
+(:mod:`..ops`, over one placement chosen per save) into the codec's
+:class:`~tlckpt.codec.sets.set_commit.SetWriter` (see :mod:`.checkpoint_sets`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...codec.errors import CheckpointError
+from ...codec.fileio.gcpause import without_gc
 from ...codec.sets.set_commit import SetWriter
 from ...formats.checkpoint_set import (
     MODEL_BITS_FILE,
@@ -26,15 +27,15 @@ from ...formats.checkpoint_set import (
 )
 from ...formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
 from ..binding.tensors import file_dtype_of
-from ..module_state import save_module_state, save_state_bits
-from ..ops.state_tensors import state_tensors
-from ..optimizer import save_optimizer
+from ..ops import bits_files, float32_files, optimizer_files
+from ..ops.state_tensors import require_module, state_tensors
 from ..placement.choice import placement_for
 from ..placement.local_placement import LOCAL
+from ..placement.placement_protocol import Placement
 from . import training_state
 from .snapshot import Snapshot
 
-__all__ = ["SetSource", "live_source", "snapshot_source", "require_module", "write_set"]
+__all__ = ["SetSource", "live_source", "snapshot_source", "write_set"]
 
 
 @dataclass
@@ -104,23 +105,12 @@ def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
     )
 
 
-def require_module(model: Any) -> None:
-    """Refuse anything but a module (a set records its tensors' names).
-
-    Raises:
-        CheckpointError: ``model`` is not a ``torch.nn.Module``.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise CheckpointError(
-            f"model must be a torch.nn.Module (a set records its tensors' names), got"
-            f" {type(model).__name__}",
-            field="model",
-        )
-
-
+@without_gc
 def _write_members(writer: SetWriter | None, source: SetSource, target: Path) -> None:
-    """Every member through the public save functions; ``writer`` is ``None`` on a rank
-    that does not touch the files (it takes part in the collectives only)."""
+    """Every member through the save operations, over the placement of the model (sharded:
+    every rank takes part); ``writer`` is ``None`` on a rank that does not touch the files
+    (it takes part in the collectives only)."""
+    placement: Placement = placement_for(source.model)
 
     def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
         if writer is None:
@@ -131,12 +121,12 @@ def _write_members(writer: SetWriter | None, source: SetSource, target: Path) ->
     model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
     with destination("model", model_file, model_version) as f:
         if source.float32:
-            save_module_state(source.model, f)
+            float32_files.save(placement, source.model, f)
         else:
-            save_state_bits(source.model, f, pretty=False)
+            bits_files.save(placement, source.model, f, pretty=False)
     if source.optimizer is not None:
         with destination("optimizer", OPTIMIZER_FILE) as f:
-            version = save_optimizer(source.optimizer, source.params, f)
+            version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
         if writer is not None:
             writer.set_version("optimizer", version)
     if writer is not None:
