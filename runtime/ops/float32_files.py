@@ -45,7 +45,7 @@ from ...formats.float32_state import TENSOR_DTYPE
 from ..binding.dtensors import fingerprint, local_tensor
 from ..binding.tensors import HostBuffer, check_convertible, to_file_dtype
 from ..commit.plans import Plan, StatePlan
-from ..placement.placement_protocol import Placement, Receiver, Take
+from ..placement.placement_protocol import Placement, Receiver, Route, Take
 from ..placement.positional import read_pieces, save_pieces
 from . import float32_bulk
 from .state_tensors import (
@@ -88,18 +88,19 @@ def save(placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrF
 
     named = placement.agree(check, lambda named: layout_of("TLSF32B save", named))
     tensors = [t for _, t in named]
-    if placement.parallel(path, "save", tensors):
+    route = placement.route(path, "save", tensors)
+    if route is Route.PARALLEL:
         staging = HostBuffer(pin=any(t.is_cuda for t in tensors))
         layout = float32_state_layout([tuple(t.shape) for t in tensors])
         save_pieces(
-            path,  # type: ignore[arg-type]  # a path: parallel() says so
+            path,  # type: ignore[arg-type]  # a path: the route says so
             layout,
             tensors,
             lambda i, local: _host_float32(local, named[i][0], staging),
         )
         return
-    if placement.reads_in_place and float32_bulk.save_in_bulk(named, path):
-        return
+    if route is Route.LOCAL_BULK and float32_bulk.save_in_bulk(named, path):
+        return  # else (device tensors, too much to convert up front) one at a time
 
     def write(take: Take) -> None:
         staging = HostBuffer(pin=any(t.is_cuda for _, t in named))
@@ -150,7 +151,8 @@ def plan_load(
         named, copies = placement.agree(
             check, lambda result: layout_of("TLSF32B load", result[0], result[1])
         )
-        parallel = placement.parallel(path, "load", [t for _, t in named])
+        route = placement.route(path, "load", [t for _, t in named])
+        parallel = route is Route.PARALLEL
 
         def validate() -> _CheckedFile | None:
             if not (parallel or placement.touches_file):
@@ -165,7 +167,7 @@ def plan_load(
         )
         if parallel:
             return _read_own_pieces(placement, named, copies, *checked)  # type: ignore[misc]
-        if placement.reads_in_place and checked is not None:  # one process: bulk transfers
+        if route is Route.LOCAL_BULK and checked is not None:  # one process: it read the file
             if not staged:
                 return float32_bulk.plan_in_place(*checked, named, copies, stack.pop_all())
             return float32_bulk.stage(*checked, named, copies)

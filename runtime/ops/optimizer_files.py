@@ -64,7 +64,7 @@ from ..binding.dtensors import fingerprint, local_tensor, spec_of
 from ..binding.slots import ModuleOrParams
 from ..binding.tensors import HostBuffer, to_host
 from ..commit.plans import OptimizerPlan
-from ..placement.placement_protocol import Placement, Receiver, Take
+from ..placement.placement_protocol import Placement, Receiver, Route, Take
 from ..placement.positional import read_pieces, save_pieces
 
 __all__ = ["save", "plan_load", "TORCHLEAN_FAMILY", "OWN_FAMILY"]
@@ -190,7 +190,7 @@ def save(
     binding, states, fit, moments = placement.agree(check, layout)
     schema, dtypes = binding.slots.schema, binding.dtypes
     why_not = None if fit.fits else "a TLCKOPT file"
-    if placement.parallel(path, "save", moments, lambda: why_not):
+    if placement.route(path, "save", moments, lambda: why_not) is Route.PARALLEL:
         steps = {slot: state.step for slot, state in states.items()}
         return _save_in_parallel(
             placement, binding, fit.config, steps, moments, path, random_counter
@@ -441,7 +441,7 @@ def plan_load(
             return None
         return f"a {family} file" if family else "an unreadable file"
 
-    if placement.parallel(path, "load", binding.slots.tensors, why_not):
+    if placement.route(path, "load", binding.slots.tensors, why_not) is Route.PARALLEL:
         return _load_in_parallel(
             placement, optimizer, binding, path, restore_random_counter, adopt_config
         )

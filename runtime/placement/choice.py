@@ -17,9 +17,12 @@ The operations call a placement in this order:
    checked (:meth:`Placement.check` among them), and on the rank that
    :attr:`~Placement.touches_file` the file's checking pass. Every rank goes on, or every
    rank raises the same error.
-2. The transfer. Where :meth:`Placement.parallel` says so (sharded, every rank seeing the
-   same file system), every rank writes or reads its own bytes of the file
-   (:mod:`.positional`) and the rest of this step is skipped. Else a save:
+2. The transfer, along the :class:`Route` that :meth:`Placement.route` decides once per
+   call. :attr:`Route.PARALLEL` (sharded, every rank seeing the same file system): every
+   rank writes or reads its own bytes of the file (:mod:`.positional`) and the rest of this
+   step is skipped. :attr:`Route.LOCAL_BULK` (one process): payloads move by address
+   between the file and the tensors where the family has such a path (``TLSF32B``), else as
+   a stream. :attr:`Route.STREAM`, a save:
    :meth:`Placement.gather` runs the writer (the codec) with each full
    tensor on demand. A load: a :meth:`Placement.receiver` for the new values, then
    :meth:`Placement.transfer` runs the reader, which reads each payload into

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..binding.tensors import HostBuffer
-from .placement_protocol import Placement
+from .placement_protocol import Placement, Route, WhyNot
 
 __all__ = ["LocalPlacement", "LocalReceiver", "LOCAL"]
 
@@ -58,10 +58,16 @@ class LocalReceiver:
 
 class LocalPlacement(Placement):
     """See :class:`~.placement_protocol.Placement`: one process, no communication (never
-    :meth:`~.placement_protocol.Placement.parallel`)."""
+    a :attr:`~.placement_protocol.Route.PARALLEL` route)."""
 
     touches_file = True
-    reads_in_place = True
+
+    def route(
+        self, path: Any, operation: str, tensors: list[torch.Tensor], why_not: WhyNot = None
+    ) -> Route:
+        """Always :attr:`~.placement_protocol.Route.LOCAL_BULK`: the tensors are this
+        process's own."""
+        return Route.LOCAL_BULK
 
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Nothing to refuse: any local tensor can be moved."""

@@ -1,18 +1,19 @@
 """The placement protocol: what every save and load asks of where its tensors live.
 
-:mod:`.placement` explains the call order and picks a placement for a call; the
+:mod:`.choice` explains the call order and picks a placement for a call; the
 implementations (:mod:`.local_placement`, :mod:`.sharded_placement`) subclass
 :class:`Placement` here.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import torch
 
-__all__ = ["Placement", "Receiver", "Take", "WhyNot"]
+__all__ = ["Placement", "Receiver", "Route", "Take", "WhyNot"]
 
 _T = TypeVar("_T")
 
@@ -21,6 +22,21 @@ Take = Callable[[int], torch.Tensor]
 
 #: Asked why this rank's file cannot take the parallel path, or ``None`` if it can.
 WhyNot = Callable[[], str | None] | None
+
+
+class Route(enum.Enum):
+    """How a call's payloads move between the file and the tensors: decided once per call
+    (:meth:`Placement.route`), and the operation dispatches on it."""
+
+    #: One process, its own tensors: payloads moved by address (vectored reads and writes
+    #: straight to and from tensor memory, or one staging buffer).
+    LOCAL_BULK = "local bulk"
+    #: Sharded, every rank seeing the same file system: each rank reads and writes its own
+    #: bytes of the file (:mod:`.positional`).
+    PARALLEL = "parallel"
+    #: Sharded, through rank 0: full tensors streamed to or from it
+    #: (:meth:`Placement.gather`; :meth:`Placement.receiver` and :meth:`Placement.transfer`).
+    STREAM = "stream"
 
 
 class Receiver(Protocol):
@@ -61,21 +77,15 @@ class Placement(Protocol):
         """Whether this process reads or writes the file."""
         ...
 
-    @property
-    def reads_in_place(self) -> bool:
-        """Whether payloads can be read straight into live tensors (an in-place load)."""
-        ...
-
     def check(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Refuse tensors this placement cannot move (a mesh that does not span the group)."""
         ...
 
-    def parallel(
+    def route(
         self, path: Any, operation: str, tensors: list[torch.Tensor], why_not: WhyNot = None
-    ) -> bool:
-        """Whether every rank reads or writes its own bytes of the file itself
-        (:mod:`.positional`) instead of the transfer below; collective where the placement
-        is (:func:`~.io_choice.choose`). Always ``False`` for one process.
+    ) -> Route:
+        """How this call's payloads move (asked once per call; collective where the
+        placement is: :func:`~.io_choice.choose`).
 
         Args:
             path: the caller's path or file object.
@@ -85,7 +95,7 @@ class Placement(Protocol):
                 parallel path (a family without a positional layout), or ``None`` if it can;
                 any rank's reason sends every rank through rank 0.
         """
-        return False  # one process reads and writes the file itself anyway
+        ...
 
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:
         """Run ``work``; go on together, or raise the same error on every rank.

@@ -1,7 +1,7 @@
 """The sharded placement: DTensors across the default process group, one file.
 
 Where every rank sees the same file system, an operation moves its payloads in parallel,
-each rank its own bytes of the file (:meth:`ShardedPlacement.parallel`, :mod:`.positional`);
+each rank its own bytes of the file (:meth:`ShardedPlacement.route`, :mod:`.positional`);
 everything below describes the other path, through rank 0, which stays for ranks without a
 shared file system, file objects, exact-bits JSON and placements the parallel path does not
 write.
@@ -36,7 +36,9 @@ from .collectives import (
     share_verdict,
     writer_runs,
 )
-from .placement_protocol import Placement, WhyNot
+from .io_choice import choose
+from .placement_protocol import Placement, Route, WhyNot
+from .positional import unsupported
 
 __all__ = ["ShardedPlacement", "ScatterReceiver"]
 
@@ -73,8 +75,6 @@ class ShardedPlacement(Placement):
     """See :class:`~.placement_protocol.Placement`: every rank of the default group, rank 0 the
     file."""
 
-    reads_in_place = False
-
     @property
     def touches_file(self) -> bool:
         return is_writer()
@@ -83,14 +83,12 @@ class ShardedPlacement(Placement):
         for name, t in named:
             check_mesh(name, t)
 
-    def parallel(
+    def route(
         self, path: Any, operation: str, tensors: list[torch.Tensor], why_not: WhyNot = None
-    ) -> bool:
-        from .io_choice import choose
-        from .positional import unsupported
-
+    ) -> Route:
         reason = why_not() if why_not is not None else None
-        return choose(path, operation, reason or unsupported(tensors))
+        parallel = choose(path, operation, reason or unsupported(tensors))
+        return Route.PARALLEL if parallel else Route.STREAM
 
     def agree(self, work: Callable[[], _T], layout: Callable[[_T], bytes] | None = None) -> _T:
         result: Any = None
