@@ -74,21 +74,34 @@ class FamilyHandler(abc.ABC):
     whose :meth:`takes` accepts the destination.
 
     Attributes:
-        name: the family's name: ``inspect(path)["family"]``, and ``kind`` in descriptions.
-        label: what the family's files are called (``"TLADAMF"``, ``"exact-bits JSON"``).
+        name: the family's name: ``inspect(path)["family"]``, and ``kind`` in descriptions
+            (a binary family's is the format registry's name of its magic, by default).
+        label: what the family's files are called (``"TLADAMF"``, ``"exact-bits JSON"``;
+            a binary family's magic, by default).
         contents: what its files hold, for messages (``"Adam/AdamW optimizer state"``).
-        title: the same, for reports (``"streamed float32 model state"``).
+        title: the same, for reports (``"streamed float32 model state"``; ``contents`` by
+            default).
         magic: the registered magic of a binary family; ``None`` for a family told by
             :meth:`sniff` instead.
         marker: a member whose presence in a description without ``kind`` means this family.
     """
 
-    name: str
-    label: str
-    contents: str
-    title: str
+    name: str = ""
+    label: str = ""
+    contents: str = ""
+    title: str = ""
     magic: bytes | None = None
     marker: str | None = None
+
+    def __post_init__(self) -> None:
+        # A binary family's name and label follow from its magic, so that they cannot
+        # disagree with the format registry (which names a file's family by its magic).
+        if self.magic is not None and not self.name:
+            object.__setattr__(self, "name", registry.FAMILIES.get(self.magic, ""))
+        if self.magic is not None and not self.label:
+            object.__setattr__(self, "label", self.magic.decode("ascii"))
+        if not self.title:
+            object.__setattr__(self, "title", self.contents)
 
     @property
     def noun(self) -> str:
@@ -204,6 +217,8 @@ def register_family(handler: FamilyHandler) -> FamilyHandler:
         ValueError: a family of that name is registered already, or a binary family's magic
             has no spec in :mod:`tlckpt.formats.registry`.
     """
+    if not handler.name:
+        raise ValueError(f"a family needs a name (its magic {handler.magic!r} has none)")
     if handler.name in _HANDLERS:
         raise ValueError(f"family {handler.name!r} is registered already")
     if handler.magic is not None and not registry.known_versions(handler.magic):

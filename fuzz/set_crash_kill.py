@@ -153,6 +153,32 @@ class FolderCheck:
     leftovers: int = 0  # leftovers in the folder now
 
 
+@dataclass
+class Totals:
+    """What the trials' folder checks add up to (the report's last four entries)."""
+
+    problems: list[str] = field(default_factory=list)
+    restores: int = 0
+    max_leftovers: int = 0
+    leftovers_cleaned: int = 0
+
+    def add(self, check: FolderCheck) -> None:
+        """Count one trial's check."""
+        self.problems += check.problems
+        self.restores += check.restored
+        self.leftovers_cleaned += check.cleaned
+        self.max_leftovers = max(self.max_leftovers, check.leftovers)
+
+    def report(self) -> dict[str, Any]:
+        """The report's entries for them."""
+        return {
+            "restores_checked": self.restores,
+            "max_leftovers": self.max_leftovers,
+            "leftovers_cleaned": self.leftovers_cleaned,
+            "problems": self.problems,
+        }
+
+
 def _check_folder(
     folder: Path,
     trial: int,
@@ -230,11 +256,8 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     seen: set[int] = set()
     durations: dict[bool, list[float]] = {True: [], False: []}
     outcomes: Counter = Counter()
-    problems: list[str] = []
-    max_leftovers = 0
-    leftovers_cleaned = 0
+    totals = Totals()
     killed = 0
-    restores = 0
     calibration = 2  # one trial of each kind is never killed
     for trial in range(trials + calibration):
         step = trial + 1
@@ -268,13 +291,9 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
         check = _check_folder(
             folder, trial, step, announced, seen, before, size_mb, done, digest=digest
         )
-        committed = check.committed
-        problems += check.problems
-        restores += check.restored
-        leftovers_cleaned += check.cleaned
-        max_leftovers = max(max_leftovers, check.leftovers)
+        totals.add(check)
         if not quiet and trial % 20 == 0:
-            print(f"  trial {trial}: {kind} {phase}, committed {committed}", flush=True)
+            print(f"  trial {trial}: {kind} {phase}, committed {check.committed}", flush=True)
     return {
         "trials_killed": killed,
         "trials": trials,
@@ -283,10 +302,7 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
             ("sync" if k else "async"): sorted(v)[len(v) // 2] for k, v in durations.items()
         },
         "outcomes": dict(outcomes),
-        "restores_checked": restores,
-        "max_leftovers": max_leftovers,
-        "leftovers_cleaned": leftovers_cleaned,
-        "problems": problems,
+        **totals.report(),
     }
 
 
@@ -385,8 +401,7 @@ def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quie
     seen: set[int] = set()
     durations: list[float] = []
     outcomes: Counter = Counter()
-    problems: list[str] = []
-    restores = max_leftovers = leftovers_cleaned = 0
+    totals = Totals()
     calibration = 1  # one trial that ends at once, never failing: how long a save takes
     for trial in range(trials + calibration):
         step = trial + 1
@@ -410,15 +425,12 @@ def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quie
         outcome, problem = _exit_outcome(ending, failing, step, folder, returned, stderr)
         outcomes[f"{ending}{' failing' if failing else ''}: {outcome}"] += 1
         if problem:
-            problems.append(f"trial {trial} ({ending}, exit status {status}): {problem}")
+            totals.problems.append(f"trial {trial} ({ending}, exit status {status}): {problem}")
         done = outcome == "committed" and ending not in ABRUPT  # retention ran to its end
         check = _check_folder(
             folder, trial, step, announced, seen, before, size_mb, done, EXIT_WIDTH
         )
-        problems += check.problems
-        restores += check.restored
-        leftovers_cleaned += check.cleaned
-        max_leftovers = max(max_leftovers, check.leftovers)
+        totals.add(check)
         if not quiet and trial % 20 == 0:
             print(f"  trial {trial}: {ending}: {outcome}, committed {check.committed}", flush=True)
     return {
@@ -427,10 +439,7 @@ def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quie
         "size_mb": size_mb,
         "save_and_exit_seconds_median": round(sorted(durations)[len(durations) // 2], 3),
         "outcomes": dict(sorted(outcomes.items())),
-        "restores_checked": restores,
-        "max_leftovers": max_leftovers,
-        "leftovers_cleaned": leftovers_cleaned,
-        "problems": problems,
+        **totals.report(),
     }
 
 

@@ -13,7 +13,7 @@ import itertools
 import json
 import math
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import orjson
@@ -28,7 +28,7 @@ from ...formats.state_bits import (
     VALUES_KEY,
     ScalarFormat,
 )
-from ..errors import MalformedError, UnsupportedFormatError
+from ..errors import CheckpointError, MalformedError, UnsupportedFormatError
 from .json_document import duplicate_key_error
 from .state_words import NUMPY_WRAPS_NEGATIVES, short
 
@@ -47,6 +47,8 @@ __all__ = [
 #: Largest document re-parsed with the stdlib to tell a too-large integer from a float
 #: (orjson turns integers beyond 64 bits into floats); only ever on the error path.
 REDIAGNOSE_LIMIT = 8 << 20
+
+_E = TypeVar("_E", bound=CheckpointError)
 
 
 #: JSON's name for what a parsed value is, by Python type (``bool`` before ``int``, its base).
@@ -102,14 +104,22 @@ def parse_document(data: bytes) -> tuple[Any, bytes | None]:
     return document, (data if len(data) <= REDIAGNOSE_LIMIT else None)
 
 
+def _not_a(cls: type[_E], what: str, value: Any, wanted: str, field: str, actual: Any = None) -> _E:
+    """The error for ``what``, a JSON ``value`` that is not ``wanted`` (``actual``: its
+    JSON type unless given; ``expected``: the type ``wanted`` names, its second word)."""
+    return cls(
+        f"{what} is a JSON {json_type(value)}, expected {wanted}",
+        field=field,
+        actual=json_type(value) if actual is None else actual,
+        expected=wanted.split()[1],
+    )
+
+
 def parse_header(document: Any) -> tuple[str, list[Any]]:
     """The ``format`` tag and the ``state`` list of a parsed document."""
     if not isinstance(document, dict):
-        raise MalformedError(
-            f"top level is a JSON {json_type(document)}, expected an object {DOCUMENT_SKETCH}",
-            field="document",
-            actual=json_type(document),
-            expected="object",
+        raise _not_a(
+            MalformedError, "top level", document, f"an object {DOCUMENT_SKETCH}", "document"
         )
     if FORMAT_KEY not in document:
         raise UnsupportedFormatError(
@@ -119,20 +129,11 @@ def parse_header(document: Any) -> tuple[str, list[Any]]:
         )
     tag = document[FORMAT_KEY]
     if not isinstance(tag, str):
-        raise UnsupportedFormatError(
-            f'"{FORMAT_KEY}" is a JSON {json_type(tag)}, expected a string tag',
-            field=FORMAT_KEY,
-            actual=short(tag),
-            expected="string",
-        )
+        what = f'"{FORMAT_KEY}"'
+        raise _not_a(UnsupportedFormatError, what, tag, "a string tag", FORMAT_KEY, short(tag))
     state = document.get(STATE_KEY, [])
     if not isinstance(state, list):
-        raise MalformedError(
-            f'"{STATE_KEY}" is a JSON {json_type(state)}, expected an array of tensors',
-            field=STATE_KEY,
-            actual=json_type(state),
-            expected="array",
-        )
+        raise _not_a(MalformedError, f'"{STATE_KEY}"', state, "an array of tensors", STATE_KEY)
     return tag, state
 
 
@@ -140,11 +141,8 @@ def entry_fields(entry: Any, index: int) -> tuple[list[int], list[Any]]:
     """The checked ``shape`` and the ``values`` array of state tensor ``index``."""
     field = f"state[{index}]"
     if not isinstance(entry, dict):
-        raise MalformedError(
-            f"state tensor {index} is a JSON {json_type(entry)}, expected an object {ENTRY_SKETCH}",
-            field=field,
-            actual=json_type(entry),
-            expected="object",
+        raise _not_a(
+            MalformedError, f"state tensor {index}", entry, f"an object {ENTRY_SKETCH}", field
         )
     for key in ENTRY_KEYS:
         if key not in entry:

@@ -59,8 +59,6 @@ class _Float32StateFamily(ModelStateFamily):
 
 
 FLOAT32_STATE_FAMILY = _Float32StateFamily(
-    name="float32_state",
-    label=FLOAT32_STATE_MAGIC.decode("ascii"),
     contents="float32 model state",
     title="streamed float32 model state",
     magic=FLOAT32_STATE_MAGIC,

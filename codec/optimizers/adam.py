@@ -247,22 +247,10 @@ class _AdamReader(OptimizerReader):
             )
 
 
-def _read(
-    path: PathOrFile,
-    schema: ParameterSchema | None,
-    dtype: MomentDtype | None,
-    expected_config: AdamConfig | None,
-    sink: PayloadSink | None,
-    skip_payloads: bool,
-    adopt_config: bool = False,
-) -> tuple[AdamCheckpoint, _AdamReader]:
-    reader, stamp = read_framed(
-        path,
-        ADAM_MAGIC,
-        lambda spec: _AdamReader(
-            spec, schema, dtype, expected_config, sink, skip_payloads, adopt_config
-        ),
-    )
+def _read(path: PathOrFile, *args: Any, **kwargs: Any) -> tuple[AdamCheckpoint, _AdamReader]:
+    """Read the file with an :class:`_AdamReader` made of ``args`` and ``kwargs`` (its
+    arguments after the spec)."""
+    reader, stamp = read_framed(path, ADAM_MAGIC, lambda spec: _AdamReader(spec, *args, **kwargs))
     reader.stamp = stamp  # for the reads by position that may follow (validate_adam)
     if reader.config is None:  # every registered Adam spec has a config; a toy might not
         raise CheckpointError(f"version {reader.version} has no config field")

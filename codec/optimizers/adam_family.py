@@ -72,11 +72,4 @@ class _AdamFamily(FamilyHandler):
         )
 
 
-ADAM_FAMILY = _AdamFamily(
-    name="adam",
-    label=ADAM_MAGIC.decode("ascii"),
-    contents="Adam/AdamW optimizer state",
-    title="Adam/AdamW optimizer state",
-    magic=ADAM_MAGIC,
-    marker="schema",
-)
+ADAM_FAMILY = _AdamFamily(contents="Adam/AdamW optimizer state", magic=ADAM_MAGIC, marker="schema")

@@ -188,14 +188,7 @@ class _OptimizerReader(OptimizerReader):
             frozen = schema.representative(j) is None
             if schema.is_representative(j):
                 if not 1 <= tag <= count:
-                    raise SchemaMismatchError(
-                        f"slot {j} is trainable and names param group tag {tag}; the file has"
-                        f" {count} group(s) (tags 1 to {count})",
-                        offset=at,
-                        field=where,
-                        actual=tag,
-                        expected=f"1 to {count}",
-                    )
+                    raise _no_such_group(j, "trainable", tag, count, at, where, 1)
             elif frozen and self.frozen_state and tag != 0:
                 self._check_frozen_group(j, tag, count, want, at, where)
                 continue
@@ -217,13 +210,7 @@ class _OptimizerReader(OptimizerReader):
             elif frozen:
                 continue  # no state: whichever group the destination has it in
             if want is not None and tag != want[j]:
-                raise SchemaMismatchError(
-                    f"slot {j}: param group {tag - 1} in the file, {want[j] - 1} expected",
-                    offset=at,
-                    field=where,
-                    actual=tag - 1,
-                    expected=want[j] - 1,
-                )
+                raise _other_group(j, tag, want[j], at, where)
         self.slot_groups = tuple(None if t == 0 else t - 1 for t in tags)
 
     def _check_frozen_group(
@@ -232,14 +219,7 @@ class _OptimizerReader(OptimizerReader):
         """A frozen slot with a group (version 2): it has state, kept in that group, which
         must be the destination's group of that parameter."""
         if not 1 <= tag <= count:
-            raise SchemaMismatchError(
-                f"slot {j} is frozen with state and names param group tag {tag}; the file has"
-                f" {count} group(s) (tags 1 to {count})",
-                offset=at,
-                field=where,
-                actual=tag,
-                expected=f"0 to {count}",
-            )
+            raise _no_such_group(j, "frozen with state", tag, count, at, where, 0)
         if want is not None and tag != want[j]:
             if want[j] == 0:
                 raise SchemaMismatchError(
@@ -251,13 +231,7 @@ class _OptimizerReader(OptimizerReader):
                     actual=tag - 1,
                     expected=None,
                 )
-            raise SchemaMismatchError(
-                f"slot {j}: param group {tag - 1} in the file, {want[j] - 1} expected",
-                offset=at,
-                field=where,
-                actual=tag - 1,
-                expected=want[j] - 1,
-            )
+            raise _other_group(j, tag, want[j], at, where)
         self.frozen_holders[j] = at
 
     # ------------------------------------------------------------------ entries
@@ -419,3 +393,28 @@ def scan_optimizer_state_sizes(path: PathOrFile) -> tuple[OptimizerCheckpoint, d
     """:func:`scan_optimizer_state`, and the bytes of each entry's payloads (slot → bytes)."""
     checkpoint, reader = _read(path, None, _ANY, None, skip_payloads=True)
     return checkpoint, reader.payload_bytes
+
+
+def _no_such_group(
+    j: int, kind: str, tag: int, count: int, at: int, where: str, lowest: int
+) -> SchemaMismatchError:
+    """Slot ``j`` (``kind``) names a group tag beyond the file's ``count`` groups."""
+    return SchemaMismatchError(
+        f"slot {j} is {kind} and names param group tag {tag}; the file has {count} group(s)"
+        f" (tags 1 to {count})",
+        offset=at,
+        field=where,
+        actual=tag,
+        expected=f"{lowest} to {count}",
+    )
+
+
+def _other_group(j: int, tag: int, want: int, at: int, where: str) -> SchemaMismatchError:
+    """Slot ``j`` is in group tag ``tag`` in the file, in ``want`` at the destination."""
+    return SchemaMismatchError(
+        f"slot {j}: param group {tag - 1} in the file, {want - 1} expected",
+        offset=at,
+        field=where,
+        actual=tag - 1,
+        expected=want - 1,
+    )

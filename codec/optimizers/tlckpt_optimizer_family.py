@@ -181,8 +181,6 @@ class _OptimizerFamily(FamilyHandler):
 
 
 OPTIMIZER_FAMILY = _OptimizerFamily(
-    name="tlckpt_optimizer",
-    label=OPTIMIZER_MAGIC.decode("ascii"),
     contents="tlckpt's own optimizer state, not TorchLean's",
     title="tlckpt's own Adam/AdamW optimizer state; TorchLean cannot read it",
     magic=OPTIMIZER_MAGIC,

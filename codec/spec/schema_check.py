@@ -109,15 +109,12 @@ class SchemaVisitorMixin:
             slot, name = path[-2], path[-1]
             if expected is not None:
                 check_shape_field(name, value, expected.shapes[slot], offset, "slot", path)
-                if name == "requires_grad" and bool(value) != expected.requires_grad[slot]:
-                    raise SchemaMismatchError(
-                        f"slot {slot}: requires_grad {bool(value)} in the file,"
-                        f" {expected.requires_grad[slot]} expected",
-                        offset=offset,
-                        field=field_name(path),
-                        actual=bool(value),
-                        expected=expected.requires_grad[slot],
+                wanted = expected.requires_grad[slot]
+                if name == "requires_grad" and bool(value) != wanted:
+                    message = (
+                        f"slot {slot}: requires_grad {bool(value)} in the file, {wanted} expected"
                     )
+                    raise differs(SchemaMismatchError, message, offset, path, bool(value), wanted)
         elif path[:-1] == SLOTS:  # a whole slot
             self._shapes.append(tuple(value.dims))
             self._grads.append(bool(value.requires_grad))

@@ -85,6 +85,17 @@ def _read_back(state: torch.Tensor, generator: torch.Generator, field: str) -> N
         raise _malformed(field, "the state is not one torch writes (it does not read back)")
 
 
+def _check_size(data: bytes, expected: int, field: str, what: str) -> None:
+    """Refuse a saved state of another length than ``what`` (``expected`` bytes) here."""
+    if len(data) != expected:
+        raise MalformedError(
+            f"{field} has {len(data)} bytes, {what} {expected}",
+            field=field,
+            actual=len(data),
+            expected=expected,
+        )
+
+
 def cpu_state(data: bytes, field: str = "rng.torch") -> torch.Tensor:
     """torch's CPU generator state from the document's bytes, checked whole.
 
@@ -101,13 +112,7 @@ def cpu_state(data: bytes, field: str = "rng.torch") -> torch.Tensor:
             f" {CPU_STATE_BYTES}-byte layout only, and does not install one it cannot check",
             field=field,
         )
-    if len(data) != expected:
-        raise MalformedError(
-            f"{field} has {len(data)} bytes, torch's CPU random state {expected}",
-            field=field,
-            actual=len(data),
-            expected=expected,
-        )
+    _check_size(data, expected, field, "torch's CPU random state")
     _check_cpu_fields(data, field)
     state = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     _read_back(state, torch.Generator(), field)
@@ -137,13 +142,7 @@ def cuda_states(saved: list[bytes], field: str = "rng.cuda") -> list[torch.Tenso
     for i, data in enumerate(saved):
         where = f"{field}[{i}]"
         expected = torch.cuda.get_rng_state(i).numel()
-        if len(data) != expected:
-            raise MalformedError(
-                f"{where} has {len(data)} bytes, CUDA device {i}'s random state {expected}",
-                field=where,
-                actual=len(data),
-                expected=expected,
-            )
+        _check_size(data, expected, where, f"CUDA device {i}'s random state")
         state = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         _read_back(state, torch.Generator(device=f"cuda:{i}"), where)
         states.append(state)

@@ -24,6 +24,7 @@ from tlckpt import (
     verify_checkpoint,
 )
 from tlckpt.formats.checkpoint_set import MEMBER_KEY_CONTEXT, folder_name
+from tlckpt.testing.models import stepped_linear
 
 KEY = bytes(range(100, 132))
 OTHER_KEY = bytes(range(32))
@@ -104,11 +105,7 @@ def test_a_manager_with_a_key_passes_over_sets_it_cannot_authenticate(tmp_path: 
 
 def test_save_and_load_checkpoint_with_a_key(tmp_path: Path) -> None:
     """One set, streamed members (above the inline size: hashed, keyed, while they load)."""
-    torch.manual_seed(0)
-    big = torch.nn.Linear(1200, 1200)
-    opt = torch.optim.AdamW(big.parameters(), lr=1e-3)
-    big(torch.randn(2, 1200)).sum().backward()
-    opt.step()
+    big, opt = stepped_linear(1200, 1200)
     folder = save_checkpoint(tmp_path / "set", model=big, optimizer=opt, step=5, key=KEY)
     fresh = torch.nn.Linear(1200, 1200)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)

@@ -18,6 +18,7 @@ import torch
 
 from tlckpt import ConfigError, load_checkpoint, load_optimizer, save_checkpoint, save_optimizer
 from tlckpt.formats.checkpoint_set import MANIFEST_FILE
+from tlckpt.testing.models import quadratic_steps
 
 SAVED = {"betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.03}
 
@@ -40,15 +41,8 @@ def _run(seed: int, family: str, kind: type = torch.optim.AdamW, **adam: Any) ->
 
 
 def _train(model: torch.nn.Module, optimizer: Any, steps: int, seed: int = 0) -> list[bytes]:
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        loss = model(torch.randn(5, 4, generator=g)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(struct.pack("<f", loss.item()))
-    return losses
+    losses = quadratic_steps(model, optimizer, steps, seed=seed)
+    return [struct.pack("<f", loss.item()) for loss in losses]
 
 
 def _bits(value: Any) -> Any:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tlckpt import ConfigError, load_checkpoint, save_checkpoint
+from tlckpt.testing.models import quadratic_steps
 
 _FLAGS = ("foreach", "fused", "capturable", "differentiable")
 
@@ -27,16 +28,7 @@ def _run(seed: int, scheduler_type: type = torch.optim.lr_scheduler.LambdaLR, **
 
 
 def _train(model: torch.nn.Module, optimizer: Any, scheduler: Any, steps: int) -> list:
-    g = torch.Generator().manual_seed(0)
-    losses = []
-    for _ in range(steps):
-        loss = model(torch.randn(3, 4, generator=g)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.detach())
-    return losses
+    return quadratic_steps(model, optimizer, steps, scheduler=scheduler, rows=3)
 
 
 def test_a_gpu_runs_capturable_set_steps_on_cpu(tmp_path: Path) -> None:
