@@ -9,7 +9,7 @@ structure, non-tensor values, and which tensor sits where — is the ``__metadat
 
     {"version": 1, "tensors": [name, ...], "tree": <exact tagged JSON>}
 
-in which each tensor is the tagged scalar ``{"<tensor>": ["file_tensor", i]}`` standing for
+in which each tensor is the tagged scalar ``{"$tensor": ["file_tensor", i]}`` standing for
 ``tensors[i]``. The same view of the same memory in several places (one tensor object, or
 tied weights in a ``state_dict``) is stored once and comes back as one object. Values JSON
 cannot hold exactly are refused before anything is written, naming their path; nothing is
