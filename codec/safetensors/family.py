@@ -4,7 +4,8 @@ examples.
 
 A safetensors file has no magic. Its first 8 bytes are the header length, at most 100 MB, so
 bytes 4 to 7 are zero — which no JSON text has (JSON holds no NUL byte) — and byte 8 is
-``{``: the sniff asks for both, and for a header that fits in the file.
+``{``: the sniff asks for both (the reader then refuses a length beyond the limit or the
+file, precisely).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...formats.primitives import unpack_u64
-from ...formats.safetensors import HEADER_LENGTH_SIZE, HEADER_LIMIT, HEADER_START
+from ...formats.safetensors import HEADER_LENGTH_SIZE, HEADER_START
 from ..destinations import description_error
 from ..errors import SchemaMismatchError
 from ..families import FamilyExample, FamilyHandler, register_family
@@ -30,16 +31,19 @@ from .writer import TensorData, write_safetensors
 
 __all__ = ["SAFETENSORS_FAMILY", "NamedTensorsTarget", "looks_like_safetensors"]
 
+#: Lengths the sniff takes: any with the upper four bytes zero, past the 100 MB limit too, so
+#: that a damaged length is refused by the reader, precisely, not called "no checkpoint".
+_SNIFF_BOUND = 1 << 32
+
 
 def looks_like_safetensors(head: bytes, remaining: int) -> bool:
-    """Whether a file starting with ``head`` (``remaining`` bytes in all) is a safetensors
-    file as far as its first bytes tell: a header length within the limit and the file,
-    then ``{``."""
+    """Whether a file starting with ``head`` is a safetensors file as far as its first bytes
+    tell: a header length whose upper four bytes are zero, then ``{``."""
     if len(head) <= HEADER_LENGTH_SIZE:
         return False
     length = unpack_u64(head)
     start = head[HEADER_LENGTH_SIZE : HEADER_LENGTH_SIZE + 1]
-    return 0 < length <= min(HEADER_LIMIT, remaining - HEADER_LENGTH_SIZE) and start == HEADER_START
+    return 0 < length < _SNIFF_BOUND and start == HEADER_START
 
 
 @dataclass(frozen=True)
