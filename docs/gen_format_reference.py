@@ -31,8 +31,8 @@ import tlckpt.formats
 from tlckpt.codec.families import families
 from tlckpt.codec.plan import fixed_size
 from tlckpt.formats import registry
-from tlckpt.formats.primitives import F64, U64, Payload, Valid, unwrap
 from tlckpt.formats import safetensors as st_layout
+from tlckpt.formats.primitives import F64, U64, Payload, Valid, unwrap
 from tlckpt.formats.state_bits import ENCODINGS
 
 OUTPUT = Path(__file__).resolve().parent / "format-reference.md"
@@ -441,8 +441,13 @@ def _safetensors() -> list[str]:
         "",
     ]
     rows = [
-        [f"`{d.name}`", str(d.bits), f"`{d.storage or 'u1 (bytes)'}`", f"`{d.numpy or '-'}`"]
-        + [f"`{d.torch}`" if d.torch else "-"]
+        [
+            f"`{d.name}`",
+            str(d.bits),
+            f"`{d.storage or 'u1 (bytes)'}`",
+            f"`{d.numpy or '-'}`",
+            f"`{d.torch}`" if d.torch else "-",
+        ]
         for d in st_layout.DTYPES
     ]
     out += _table(["dtype", "bits", "raw words", "numpy", "torch"], rows)

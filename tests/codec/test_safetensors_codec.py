@@ -10,6 +10,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from tlckpt.codec import (
     CheckpointError,
@@ -155,6 +157,10 @@ ODD = {
         '"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
         '"f":{"dtype":"I8","shape":[3,0],"data_offsets":[8,8]}}'
     ),
+    "colons_everywhere": (
+        '{"__metadata__":{"a:b":"c::d","":":"},'
+        '"x:y":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    ),
     "escaped_name": '{"\\u00e9\\"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
     "much_padding": '{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}' + " " * 100,
     "tabs_and_newlines": (
@@ -217,6 +223,22 @@ HOSTILE: dict[str, tuple[bytes, type[CheckpointError]]] = {
             '"\\u0078":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
             bytes(8),
         ),
+        MalformedError,
+    ),
+    "duplicate_name_with_colons": (
+        _file(
+            '{"a:b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+            '"a:b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+            bytes(8),
+        ),
+        MalformedError,
+    ),
+    "duplicate_name_first_not_an_entry": (
+        _file('{"x":1,"x":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}', bytes(8)),
+        MalformedError,
+    ),
+    "duplicate_metadata_key": (
+        _file('{"__metadata__":{"k":"a","k":"b"}}'),
         MalformedError,
     ),
     "duplicate_entry_key": (
@@ -336,3 +358,35 @@ def test_writer_feeds_digests_every_byte(tmp_path) -> None:
     digest = hashlib.sha256()
     write_safetensors(path, {"a": np.arange(4, dtype="<f8")}, digests=[digest])
     assert digest.digest() == hashlib.sha256(path.read_bytes()).digest()
+
+
+# ---------------------------------------------------------------- properties
+
+
+_TEXT = hs.text(hs.characters(exclude_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hs.dictionaries(
+        _TEXT.filter(lambda n: n != "__metadata__"),
+        hs.tuples(
+            hs.sampled_from(range(len(TORCH_DTYPES))),
+            hs.lists(hs.integers(0, 3), min_size=1, max_size=3),
+        ),
+        max_size=6,
+    ),
+    hs.none() | hs.dictionaries(_TEXT, _TEXT, max_size=1),
+)
+def test_any_names_dtypes_and_shapes_equal_the_reference(spec, metadata) -> None:
+    tensors = {
+        name: _random(TORCH_DTYPES[k], tuple(shape), i)
+        for i, (name, (k, shape)) in enumerate(spec.items())
+    }
+    data = _ours(tensors, metadata)
+    if tensors or metadata != {}:  # that one case the reference writes as invalid JSON
+        assert data == st.save(tensors, metadata=metadata)
+    header, arrays = read_safetensors(io.BytesIO(data))
+    assert set(arrays) == set(tensors) and header.metadata == metadata
+    for name, t in tensors.items():
+        assert arrays[name].tobytes() == _raw(t)
