@@ -107,8 +107,6 @@ class _SafetensorsFamily(FamilyHandler):
             header = read_header(src)
         return {
             "family": self.name,
-            "magic": None,
-            "version": None,
             "header_bytes": header.header_length,
             "metadata": dict(header.metadata or {}),
             "tensors": _describe_header(header),
