@@ -114,7 +114,9 @@ def write_safetensors(
     a full disk) leaves the previous file at ``path`` as it was.
 
     Args:
-        path: destination path (written atomically) or a binary file object.
+        path: destination path (written atomically) or a binary file object, written
+            sequentially and never sought (so a set member's
+            :class:`~tlckpt.codec.set_digests.DigestingWriter` takes it as it is).
         tensors: name → numpy array (of a dtype numpy and safetensors share) or
             :class:`TensorData`.
         metadata: the ``__metadata__`` strings, or ``None`` for none.

@@ -351,6 +351,18 @@ def test_writer_refuses_before_writing(tmp_path) -> None:
     assert path.read_bytes() == b"old"
 
 
+def test_writer_streams_into_a_set_member_s_digesting_writer(tmp_path) -> None:
+    from tlckpt.codec.set_digests import DigestingWriter, hash_file
+
+    path = tmp_path / "member.safetensors"
+    with open(path, "wb") as raw:
+        writer = DigestingWriter(raw)
+        write_safetensors(writer, {"a": np.arange(1 << 19, dtype="<f4"), "b": np.zeros(3, "?")})
+    with open(path, "rb") as f:
+        assert hash_file(f, writer.size)[0] == writer.hexdigest()
+    assert writer.size == path.stat().st_size
+
+
 def test_writer_feeds_digests_every_byte(tmp_path) -> None:
     import hashlib
 
