@@ -210,9 +210,13 @@ def load_state(path: PathOrFile, *, device: str | torch.device = "cpu") -> Any:
     if torch.device(device).type != "cpu":
         tensors = [t.to(device) for t in tensors]
 
+    placed = 0
+
     def place(value: Any, where: tuple) -> Any:
+        nonlocal placed
         if type(value) is not TensorScalar:
             return value
+        placed += 1
         index = value.value
         if value.dtype != _PLACEHOLDER or type(index) is not int or not 0 <= index < len(names):
             raise MalformedError(
@@ -223,4 +227,23 @@ def load_state(path: PathOrFile, *, device: str | torch.device = "cpu") -> Any:
             )
         return tensors[index]
 
-    return _map_tree(skeleton, (), place)
+    tree = _map_tree(skeleton, (), place)
+    if _tagged_tensors(skeleton) != placed:
+        raise MalformedError(
+            f"__metadata__.{STATE_KEY} has a tagged tensor as a key or a set member; a state"
+            " tree holds file tensors as values only",
+            field=f"__metadata__.{STATE_KEY}.tree",
+        )
+    return tree
+
+
+def _tagged_tensors(value: Any) -> int:
+    """How many tagged tensors ``value`` holds anywhere: values, keys and set members (a
+    decoded tree: its depth is bounded by the decoder)."""
+    if type(value) is TensorScalar:
+        return 1
+    if isinstance(value, dict):
+        return sum(_tagged_tensors(k) + _tagged_tensors(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset, deque)):
+        return sum(_tagged_tensors(v) for v in value)
+    return 0

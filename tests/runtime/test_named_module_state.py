@@ -145,3 +145,21 @@ def test_positional_files_take_strict_loads_only(tmp_path) -> None:
     with pytest.raises(CheckpointError, match="by position"):
         tlckpt.load_module_state(model, path, strict=False)
     assert tlckpt.load_module_state(model, path) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_models_save_the_same_bytes_and_load_on_their_device(tmp_path) -> None:
+    cpu = _bf16(Tied())
+    tlckpt.save_module_state(cpu, tmp_path / "cpu.safetensors")
+    cuda = _bf16(Tied()).cuda()
+    cuda.load_state_dict(cpu.state_dict())
+    tlckpt.save_module_state(cuda, tmp_path / "cuda.safetensors")
+    assert (tmp_path / "cpu.safetensors").read_bytes() == (
+        tmp_path / "cuda.safetensors"
+    ).read_bytes()
+    fresh = _bf16(Tied()).cuda()
+    assert tlckpt.load_module_state(fresh, tmp_path / "cpu.safetensors") == ([], [])
+    assert fresh.embed.weight.device.type == "cuda"
+    assert _state(fresh.cpu()) == _state(cpu)
+    loaded = tlckpt.load_tensors(tmp_path / "cpu.safetensors", device="cuda")
+    assert all(t.device.type == "cuda" for t in loaded.values())

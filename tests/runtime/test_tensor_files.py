@@ -151,6 +151,10 @@ def test_a_plain_safetensors_file_loads_as_a_flat_tree(tmp_path) -> None:
         '{"version": 1, "tensors": ["a"], "tree": {"x": {"$tensor": ["file_tensor", 5]}}}',
         '{"version": 1, "tensors": ["a"], "tree": {"x": {"$tensor": ["file_tensor", -1]}}}',
         '{"version": 1, "tensors": ["a"], "tree": {"x": {"$pickle": "gASV"}}}',
+        '{"version": 1, "tensors": ["a"], "tree": {"x": {"$tensor": ["float32", 1.0]}}}',
+        '{"version": 1, "tensors": ["a"], "tree": {"$set": [{"$tensor": ["file_tensor", 0]}]}}',
+        '{"version": 1, "tensors": ["a"], "tree": {"$dict": [[{"$tensor": ["file_tensor", 0]},'
+        " 1]]}}",
         '{"version": 1, "version": 1, "tensors": ["a"], "tree": {}}',
         '{"version": 1, "tensors": ["a"], "tree": {}, "extra": 1}',
         '{"version": 1, "tensors": ["a"], "tree": ' + "[" * 3000 + "]" * 3000 + "}",
