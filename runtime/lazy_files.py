@@ -2,9 +2,10 @@
 
 One interface over three families: safetensors (names from the header), ``TLSF32B`` (names
 are positions, ``"0"``, ``"1"``, …; shapes from its record headers, payloads skipped) and
-exact-bits JSON (positions too; a JSON document cannot be skipped through, so its tensors are
-read and checked whole at the first ``tensor()`` call and kept). Opening reads only what
-describes the tensors: a safetensors header, or a ``TLSF32B`` file's record headers.
+exact-bits JSON (positions too; a JSON document cannot be skipped through: it is parsed at
+open to learn the shapes, and read and checked whole again at the first ``tensor()`` call,
+whose values are then kept). Opening a binary file reads only what describes the tensors: a
+safetensors header, or a ``TLSF32B`` file's record headers.
 """
 
 from __future__ import annotations

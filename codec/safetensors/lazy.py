@@ -30,13 +30,10 @@ class SafetensorsReader:
     """
 
     def __init__(self, path: PathOrFile):
-        self._stack = contextlib.ExitStack()
-        try:
-            self._src: Source = self._stack.enter_context(open_source(path))
+        with contextlib.ExitStack() as stack:  # closed here if the header is refused
+            self._src: Source = stack.enter_context(open_source(path))
             self.header: Header = read_header(self._src)
-        except BaseException:
-            self._stack.__exit__(None, None, None)
-            raise
+            self._stack = stack.pop_all()
         self._stamp = self._src.stamp
 
     @property
