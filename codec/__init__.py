@@ -4,6 +4,8 @@ Errors are re-exported here and from :mod:`tlckpt`.
 """
 
 # The built-in families register themselves with the family registry (codec.families).
+# safetensors first: its sniff is strict (a NUL-bearing length), exact-bits JSON's is not.
+from .safetensors import family as _safetensors_family  # noqa: F401, I001
 from . import adam_family, model_state_families, tlckpt_optimizer_family  # noqa: F401
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
 from .atomic import atomic_output, clean_temporaries, is_temporary
@@ -35,6 +37,7 @@ from .float32_state import (
 from .inspection import inspect, sniff_family
 from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
 from .schema import ParameterSchema
+from .safetensors import read_metadata
 from .set_keys import read_key_file
 from .state_bits import DEFAULT_MAX_JSON_BYTES, read_state_bits, write_state_bits
 from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
@@ -74,6 +77,7 @@ __all__ = [
     "is_temporary",
     "read_adam",
     "read_key_file",
+    "read_metadata",
     "read_float32_state",
     "read_optimizer_state",
     "read_state_bits",

@@ -42,6 +42,8 @@ from .checkpoint_manager import SaveHandle as SaveHandle  # noqa: E402
 from .checkpoint_sets import Restored as Restored  # noqa: E402
 from .checkpoint_sets import load_checkpoint as load_checkpoint  # noqa: E402
 from .checkpoint_sets import save_checkpoint as save_checkpoint  # noqa: E402
+from .lazy_files import CheckpointFile as CheckpointFile  # noqa: E402
+from .lazy_files import open_checkpoint as open_checkpoint  # noqa: E402
 from .module_state import load_module_state as load_module_state  # noqa: E402
 from .module_state import load_state_bits as load_state_bits  # noqa: E402
 from .module_state import save_module_state as save_module_state  # noqa: E402
@@ -52,6 +54,10 @@ from .optimizer import save_optimizer as save_optimizer  # noqa: E402
 from .sharded_io import ShardedIO as ShardedIO  # noqa: E402
 from .sharded_io import last_sharded_io as last_sharded_io  # noqa: E402
 from .slots import schema_of as schema_of  # noqa: E402
+from .state_trees import load_state as load_state  # noqa: E402
+from .state_trees import save_state as save_state  # noqa: E402
+from .tensor_files import load_tensors as load_tensors  # noqa: E402
+from .tensor_files import save_tensors as save_tensors  # noqa: E402
 
 #: The one list of these names (torch-free, so the root package can name them lazily).
 __all__ = list(RUNTIME_NAMES)
