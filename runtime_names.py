@@ -24,4 +24,10 @@ RUNTIME_NAMES = (
     "Restored",
     "save_checkpoint",
     "load_checkpoint",
+    "save_tensors",
+    "load_tensors",
+    "save_state",
+    "load_state",
+    "open_checkpoint",
+    "CheckpointFile",
 )

@@ -140,7 +140,13 @@ def _tensors(info: dict[str, Any], with_bytes: bool) -> list[str]:
     tensors = info["tensors"]
     elements = sum(t["elements"] for t in tensors)
     out = [f"tensors         {len(tensors)} ({elements:,} elements)"]
-    if tensors:
+    if tensors and "name" in tensors[0]:  # a family with names and dtypes (safetensors)
+        rows = [
+            (t["name"], t["dtype"], format_shape(t["shape"]), t["elements"], t["bytes"])
+            for t in tensors
+        ]
+        out.append(table(("name", "dtype", "shape", "elements", "bytes"), rows))
+    elif tensors:
         if with_bytes:
             rows = [
                 (i, format_shape(t["shape"]), t["elements"], t["bytes"])
@@ -173,11 +179,15 @@ def describe(info: dict[str, Any], path: str | os.PathLike | None = None) -> str
     title = _handler_text(info["family"])[1]
     if "magic" in info:
         lines.append(f"family          {info['magic']} ({title}), version {info['version']}")
+    elif "format" not in info:  # neither magic nor format tag (safetensors)
+        lines.append(f"family          {title}")
     else:
         lines.append(f"family          {title}")
         encoding = info.get("encoding") or "configured binary format"
         lines.append(f"format          {info['format']} ({encoding})")
     lines.append(f"size            {_size(info.get('bytes'))}")
+    if "metadata" in info:
+        lines.append(f"metadata        {len(info['metadata'])} entries")
     if "slots" in info:
         lines += _optimizer(info)
     if "tensors" in info:
@@ -191,8 +201,10 @@ def summarize(info: dict[str, Any]) -> str:
     label = _handler_text(info["family"])[0]
     if "version" in info:
         head = f"{label} v{info['version']}"
-    else:
+    elif "format" in info:
         head = f"{label} {info.get('encoding') or info['format']}"
+    else:
+        head = label
     if "kind" in info:
         head += f" {info['kind']} {info['moment_dtype']}"
     if "groups" in info:

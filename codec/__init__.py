@@ -45,6 +45,7 @@ from .optimizers.adam_writer import write_adam
 from .optimizers.tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
 from .optimizers.tlckpt_optimizer_writer import write_optimizer_state
 from .registrations import register_built_in_families
+from .safetensors import read_metadata
 from .sets.checkpoint_set import verify_checkpoint
 from .sets.set_folders import SkippedCheckpointWarning
 from .sets.set_keys import read_key_file
@@ -90,6 +91,7 @@ __all__ = [
     "is_temporary",
     "read_adam",
     "read_key_file",
+    "read_metadata",
     "read_float32_state",
     "read_optimizer_state",
     "read_state_bits",

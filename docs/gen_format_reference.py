@@ -35,6 +35,7 @@ import tlckpt.formats
 from tlckpt.codec.families import families
 from tlckpt.codec.spec.plan import fixed_size
 from tlckpt.formats import registry
+from tlckpt.formats import safetensors as st_layout
 from tlckpt.formats.primitives import F64, U64, Payload, Valid, unwrap
 from tlckpt.formats.state_bits import ENCODINGS
 
@@ -450,6 +451,50 @@ def _encodings() -> list[str]:
     return out
 
 
+def _safetensors() -> list[str]:
+    """The safetensors layout: its fixed prefix and its dtype table (formats/safetensors.py)."""
+    out = [
+        "## safetensors: named tensors of any dtype (Hugging Face's layout)",
+        "",
+        "No magic. Read off `formats/safetensors.py`; the rules the reader checks are in its"
+        " docstring and [the guide](guide.md#bf16-models-and-other-optimizers).",
+        "",
+    ]
+    rows = [
+        ["0", "`header_length`", "u64", f"<= {st_layout.HEADER_LIMIT}"],
+        [
+            "8",
+            "`header`",
+            "`header_length` bytes",
+            f"UTF-8 JSON object starting `{st_layout.HEADER_START.decode()}`, space-padded to"
+            f" a multiple of {st_layout.ALIGNMENT}",
+        ],
+        ["end(header)", "`data`", "the rest", "tensors tile it exactly, by `data_offsets`"],
+    ]
+    out += _table(["offset", "field", "type", "check"], rows)
+    out += [
+        "",
+        "Each tensor entry has exactly the members "
+        + ", ".join(f"`{k}`" for k in st_layout.ENTRY_KEYS)
+        + f"; `{st_layout.METADATA_KEY}` maps strings to strings. Dtypes, in layout order"
+        " (the writer places a later one first, then sorts by name):",
+        "",
+    ]
+    rows = [
+        [
+            f"`{d.name}`",
+            str(d.bits),
+            f"`{d.storage or 'u1 (bytes)'}`",
+            f"`{d.numpy or '-'}`",
+            f"`{d.torch}`" if d.torch else "-",
+        ]
+        for d in st_layout.DTYPES
+    ]
+    out += _table(["dtype", "bits", "raw words", "numpy", "torch"], rows)
+    out.append("")
+    return out
+
+
 def render() -> str:
     """The whole reference, as Markdown."""
     named = _named_objects()
@@ -477,6 +522,7 @@ def render() -> str:
     ]
     for magic, specs in sorted(_family_specs(named).items()):
         out += _binary_family(magic, specs, named)
+    out += _safetensors()
     out += _encodings()
     return "\n".join(out).rstrip() + "\n"
 

@@ -13,7 +13,8 @@ states only tlckpt's own ``TLCKOPT`` family holds: two param groups with amsgrad
 parameters with a trainable one that has no state).
 Its optimizer file (``save_optimizer``), its model file (``save_module_state``, float32
 only; loaded both staged and with ``staged=False``) and its exact-bits JSON file
-(``save_state_bits``) are mutated with
+(``save_state_bits``) and its safetensors file (``save_module_state`` to ``.safetensors``,
+any dtype; loaded strict and with ``strict=False``) are mutated with
 :mod:`fuzz.mutators` (every truncation, byte flip, u64 edge value, record duplication/
 deletion/swap, JSON edit...) and loaded into the live model and optimizer.
 
@@ -198,6 +199,8 @@ def _loaders(variant: Variant) -> dict[str, Any]:
     loaders = {
         "optimizer": lambda m, o, p: tlckpt.load_optimizer(o, m, p, restore_random_counter=restore),
         "state_bits": lambda m, o, p: tlckpt.load_state_bits(m, p),
+        "safetensors": lambda m, o, p: tlckpt.load_module_state(m, p),
+        "safetensors_partial": lambda m, o, p: tlckpt.load_module_state(m, p, strict=False),
     }
     if variant.dtype == torch.float32:
         loaders["module_state"] = lambda m, o, p: tlckpt.load_module_state(m, p)
@@ -213,6 +216,9 @@ def _save(variant: Variant, model: Any, opt: Any, folder: Path) -> dict[str, Pat
     paths = {"optimizer": folder / "opt.tladam", "state_bits": folder / "model.json"}
     tlckpt.save_optimizer(opt, model, paths["optimizer"], random_counter=variant.counter)
     tlckpt.save_state_bits(model, paths["state_bits"], pretty=False)
+    paths["safetensors"] = folder / "model.safetensors"
+    tlckpt.save_module_state(model, paths["safetensors"])
+    paths["safetensors_partial"] = paths["safetensors"]  # the same file, strict and not
     if variant.dtype == torch.float32:
         paths["module_state"] = folder / "model.tlsf32"
         tlckpt.save_module_state(model, paths["module_state"])

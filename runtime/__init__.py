@@ -41,6 +41,12 @@ from .module_state import load_module_state as load_module_state  # noqa: E402
 from .module_state import load_state_bits as load_state_bits  # noqa: E402
 from .module_state import save_module_state as save_module_state  # noqa: E402
 from .module_state import save_state_bits as save_state_bits  # noqa: E402
+from .ops.lazy_files import CheckpointFile as CheckpointFile  # noqa: E402
+from .ops.lazy_files import open_checkpoint as open_checkpoint  # noqa: E402
+from .ops.state_trees import load_state as load_state  # noqa: E402
+from .ops.state_trees import save_state as save_state  # noqa: E402
+from .ops.tensor_files import load_tensors as load_tensors  # noqa: E402
+from .ops.tensor_files import save_tensors as save_tensors  # noqa: E402
 from .optimizer import MissingRandomCounterWarning as MissingRandomCounterWarning  # noqa: E402
 from .optimizer import load_optimizer as load_optimizer  # noqa: E402
 from .optimizer import save_optimizer as save_optimizer  # noqa: E402

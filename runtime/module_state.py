@@ -1,4 +1,5 @@
-"""Model state (parameters and persistent buffers) ↔ ``TLSF32B`` and exact-bits JSON.
+"""Model state (parameters and persistent buffers) ↔ ``TLSF32B``, exact-bits JSON and the
+safetensors layout (by name, any dtype: :mod:`.named_module_state`).
 
 The public functions: each chooses the placement of the caller's tensors (one process, or
 DTensors across ranks: :func:`~.placement.placement_for`) and runs the operation written
@@ -23,21 +24,90 @@ another process during that pass leaves a partial update, reported as
 
 from __future__ import annotations
 
-from ..codec.errors import names_the_file
+import io
+import os
+
+from ..codec.errors import CheckpointError, names_the_file
+from ..codec.families import family_title
 from ..codec.fileio.gcpause import without_gc
 from ..codec.fileio.source import PathOrFile
+from ..codec.sniffing import HEAD_BYTES, JSON_FAMILY, head_family
 from .binding.dtensors import reusable
 from .ops import bits_files, float32_files
+from .ops.named_module_state import plan_named_load, save_named_state
 from .ops.state_tensors import ModuleOrTensors
 from .placement.choice import placement_for
 
-__all__ = ["save_module_state", "load_module_state", "save_state_bits", "load_state_bits"]
+__all__ = [
+    "module_format",
+    "save_module_state",
+    "load_module_state",
+    "save_state_bits",
+    "load_state_bits",
+]
+
+
+SAFETENSORS = "safetensors"
+JSON = JSON_FAMILY
+TLSF32 = "float32_state"
+#: ``format=`` words → families.
+_FORMATS = {"safetensors": SAFETENSORS, "json": JSON, "tlsf32": TLSF32}
+#: Suffixes that choose a family when ``format`` is ``None``.
+_SUFFIXES = {".safetensors": SAFETENSORS, ".json": JSON}
+
+
+def module_format(path: PathOrFile, format: str | None) -> str:
+    """The family :func:`save_module_state` writes: ``format``'s, else the path's suffix's
+    (``TLSF32B`` for any other suffix and for file objects).
+
+    Raises:
+        ValueError: an unknown ``format``.
+    """
+    if format is not None:
+        if format not in _FORMATS:
+            raise ValueError(f"format must be one of {sorted(_FORMATS)}, not {format!r}")
+        return _FORMATS[format]
+    if isinstance(path, (str, os.PathLike)):
+        return _SUFFIXES.get(os.path.splitext(os.fspath(path))[1].lower(), TLSF32)
+    return TLSF32
+
+
+def _named_family(path: PathOrFile) -> str:
+    """The family of the file, from its first bytes, to route the load; a file of no family
+    goes to the ``TLSF32B`` reader, which says precisely what is wrong with it.
+
+    Only routing: the chosen reader opens and checks the file itself (its stamps, from its
+    own first ``fstat``, are what detect a change), so this peek is no
+    :class:`~tlckpt.codec.source.Source` and needs no stamp of its own.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            remaining = os.fstat(f.fileno()).st_size
+    else:
+        try:
+            start = path.tell()
+            head = path.read(HEAD_BYTES)
+            remaining = path.seek(0, os.SEEK_END) - start
+            path.seek(start)
+        except (AttributeError, io.UnsupportedOperation):  # the reader says what it needs
+            return TLSF32
+    return head_family(head, remaining) or TLSF32
 
 
 @names_the_file()
 @without_gc
-def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
-    """Write a float32 model's state as a ``TLSF32B`` file (atomically for a path).
+def save_module_state(
+    module_or_tensors: ModuleOrTensors, path: PathOrFile, *, format: str | None = None
+) -> None:
+    """Write a model's state (atomically for a path): a float32 model as a ``TLSF32B`` file,
+    any model in the safetensors layout or as exact-bits JSON.
+
+    The family is ``format`` (``"tlsf32"``, ``"safetensors"``, ``"json"``) or, when it is
+    ``None``, the path's suffix: ``.safetensors`` is the safetensors layout (any dtype; tied
+    tensors once, the other names in ``__metadata__``: :mod:`.named_module_state`),
+    ``.json`` is exact-bits JSON (:func:`save_state_bits`), anything else (and a file
+    object) ``TLSF32B``, as before.
 
     Tensors are written one at a time; device tensors pass through one reusable (pinned)
     host buffer, so no more than one tensor's payload is held beyond the model.
@@ -49,26 +119,49 @@ def save_module_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> N
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
         path: destination path, or a binary file object written at its position.
+        format: the family, or ``None`` for the path's suffix.
 
     Raises:
-        ConfigError: the model is not float32, mixes floating dtypes, or has an integer
-            tensor that float32 cannot hold exactly (the message names it). Checked before
-            the first byte is written.
+        ConfigError: for ``TLSF32B``, the model is not float32, mixes floating dtypes, or
+            has an integer tensor that float32 cannot hold exactly (the message names it);
+            for safetensors, a dtype the layout lacks. Checked before the first byte is
+            written.
+        ValueError: an unknown ``format``.
         OSError: from the file system.
 
     Example:
         >>> save_module_state(model, "model.tlsf32")           # doctest: +SKIP
+        >>> save_module_state(bf16_model, "model.safetensors")  # doctest: +SKIP
     """
     module_or_tensors = reusable(module_or_tensors)
+    family = module_format(path, format)
+    if family == SAFETENSORS:
+        save_named_state(module_or_tensors, path)
+        return
+    if family == JSON:
+        bits_files.save(placement_for(module_or_tensors), module_or_tensors, path, True)
+        return
     float32_files.save(placement_for(module_or_tensors), module_or_tensors, path)
 
 
 @names_the_file()
 @without_gc
 def load_module_state(
-    module_or_tensors: ModuleOrTensors, path: PathOrFile, *, staged: bool = True
-) -> None:
-    """Load a ``TLSF32B`` file into a float32 model, in place, all or nothing.
+    module_or_tensors: ModuleOrTensors,
+    path: PathOrFile,
+    *,
+    staged: bool = True,
+    strict: bool = True,
+) -> tuple[list[str], list[str]] | None:
+    """Load model state, in place, all or nothing; the family is read from the file's first
+    bytes.
+
+    A safetensors file is loaded by name (:mod:`.named_module_state`): ``strict=False``
+    loads the tensors whose names the model has and returns ``(missing, unexpected)`` like
+    ``torch``'s ``load_state_dict`` (with ``strict=True`` a difference in names is refused);
+    dtypes and shapes must be equal; the load is always staged. An exact-bits JSON file is
+    loaded as :func:`load_state_bits` does. What follows is the ``TLSF32B`` load, which
+    returns ``None``.
 
     One open handle serves every pass. The first checks the whole file (tensor count, every
     shape, sizes, the end of file) without touching the model. Then:
@@ -100,6 +193,12 @@ def load_module_state(
         path: file path, or a seekable binary file object read from its position.
         staged: stage the whole state before writing any of it (all or nothing, one copy
             of the state), or copy in place (bounded memory).
+        strict: for files with names (safetensors): refuse a difference in names, or load
+            what both have. Positional files (TLSF32B, JSON) take ``strict=True`` only.
+
+    Returns:
+        For a safetensors file, ``(missing, unexpected)``: model names the file did not
+        give, file names the model does not have. ``None`` for the positional families.
 
     Raises:
         CheckpointError: the file does not fit the model (a subclass naming the tensor,
@@ -117,9 +216,25 @@ def load_module_state(
         >>> load_module_state(model, "model.tlsf32")           # doctest: +SKIP
     """
     module_or_tensors = reusable(module_or_tensors)
+    family = _named_family(path)
+    if family == SAFETENSORS:
+        plan, missing, unexpected = plan_named_load(module_or_tensors, path, strict=strict)
+        plan.commit()
+        return missing, unexpected
+    if not strict:
+        raise CheckpointError(
+            f"strict=False loads files with names (safetensors); this is {family_title(family)},"
+            " whose tensors are known by position only",
+            field="strict",
+            actual=family,
+        )
     placement = placement_for(module_or_tensors)
+    if family == JSON:
+        bits_files.plan_load(placement, module_or_tensors, path).commit()
+        return None
     with float32_files.plan_load(placement, module_or_tensors, path, staged=staged) as plan:
         plan.commit()
+    return None
 
 
 @names_the_file()

@@ -183,6 +183,7 @@ _CODEC = _CODEC_FAMILIES | {
     "codec.model_state",
     "codec.optimizers",
     "codec.sets",
+    "codec.safetensors",
     "codec.registrations",
     "codec",
 }
@@ -209,7 +210,9 @@ ALLOWED: dict[str, set[str]] = {
     "codec.model_state": _CODEC_FAMILIES,
     "codec.optimizers": _CODEC_FAMILIES,
     "codec.sets": _CODEC_FAMILIES,
-    "codec.registrations": _CODEC_FAMILIES | {"codec.model_state", "codec.optimizers"},
+    "codec.safetensors": _CODEC_FAMILIES,
+    "codec.registrations": _CODEC_FAMILIES
+    | {"codec.model_state", "codec.optimizers", "codec.safetensors"},
     "codec": _CODEC - {"codec"},
     "runtime.binding": _CODEC,
     "runtime.commit": _CODEC,

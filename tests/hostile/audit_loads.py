@@ -123,7 +123,31 @@ def main(vectors: Path, work: Path) -> dict:
             mutant.write_bytes(data[:j] + bytes([data[j] ^ 0xFF]) + data[j + 1 :])
             runtime_files.append(mutant)
 
+    # The safetensors layout: model state by name, a state tree, and mutants of both.
+    tlckpt.save_module_state(model, work / "n.safetensors")
+    tlckpt.save_state(
+        {"model": model.state_dict(), "step": 3, "t": (1.5, None)}, work / "s.safetensors"
+    )
+    named_files = [work / "n.safetensors", work / "s.safetensors"]
+    for i, f in enumerate(list(named_files)):
+        data = f.read_bytes()
+        for j in range(0, len(data), max(1, len(data) // 24)):
+            mutant = work / f"nmut{i}_{j}.safetensors"
+            mutant.write_bytes(data[:j] + bytes([data[j] ^ 0x5A]) + data[j + 1 :])
+            named_files.append(mutant)
+
+    def open_and_read(p):
+        with tlckpt.open_checkpoint(p) as f:
+            return [f.tensor(n) for n in f.names()]
+
     def calls():
+        for f in named_files:
+            yield f"load_module_state:{f.name}", lambda p: tlckpt.load_module_state(model, p), f
+            yield f"load_tensors:{f.name}", tlckpt.load_tensors, f
+            yield f"load_state:{f.name}", tlckpt.load_state, f
+            yield f"read_metadata:{f.name}", tlckpt.read_metadata, f
+            yield f"open_checkpoint:{f.name}", open_and_read, f
+            yield f"tlckpt.inspect:{f.name}", tlckpt.inspect, f
         for seed in seeds:
             for label, fn in readers(seed):
                 yield f"{label}:{seed.name}", fn, io.BytesIO(seed.data)
