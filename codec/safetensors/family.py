@@ -78,9 +78,9 @@ def _check_against(header: Header, target: NamedTensorsTarget) -> None:
     missing = sorted(set(wanted) - set(header.entries))
     extra = sorted(set(header.entries) - set(wanted))
     if missing or extra:
+        differ = f"the tensors differ from the destination's{where}"
         raise SchemaMismatchError(
-            f"the tensors differ from the destination's{where}: missing {missing[:5]},"
-            f" unexpected {extra[:5]}",
+            f"{differ}: missing {missing[:5]}, unexpected {extra[:5]}",
             field="header",
             actual=extra[:5],
             expected=missing[:5],
