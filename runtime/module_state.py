@@ -30,7 +30,7 @@ import os
 from ..codec.errors import CheckpointError, names_the_file
 from ..codec.families import family_title
 from ..codec.fileio.gcpause import without_gc
-from ..codec.fileio.source import PathOrFile
+from ..codec.fileio.source import PathOrFile, open_regular
 from ..codec.sniffing import HEAD_BYTES, JSON_FAMILY, head_family
 from .binding.dtensors import reusable
 from .ops import bits_files, float32_files
@@ -81,7 +81,7 @@ def _named_family(path: PathOrFile) -> str:
     :class:`~tlckpt.codec.source.Source` and needs no stamp of its own.
     """
     if isinstance(path, (str, os.PathLike)):
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is refused, never waited on
             head = f.read(HEAD_BYTES)
             remaining = os.fstat(f.fileno()).st_size
     else:

@@ -220,7 +220,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime.ops": _RUNTIME_LOW,
     "runtime.module_state": _RUNTIME_LOW | {"runtime.ops"},
     "runtime.optimizer": _RUNTIME_LOW | {"runtime.ops"},
-    "runtime.sets": _RUNTIME_FACES,
+    # Sets save and restore through the operations, not through the public faces.
+    "runtime.sets": _RUNTIME_LOW | {"runtime.ops"},
     "runtime": (_RUNTIME - _CODEC - {"runtime"}) | _TOP,
     "tlckpt": {"codec", "runtime"} | _TOP,
     "cli": _RUNTIME | _TOP,

@@ -6,7 +6,7 @@ Holds :mod:`.set_writing`, :mod:`.set_restoring` and their entry points
 :mod:`.param_group_values` and :mod:`.rng_states` (the training state's documents bound to
 torch objects).
 
-May import: ``tlckpt.codec``, every room of the runtime and its faces
-(:mod:`..module_state`, :mod:`..optimizer`), torch. Nothing imports it but the runtime's
-``__init__``.
+May import: ``tlckpt.codec``, :mod:`..binding`, :mod:`..placement`, :mod:`..commit` and
+:mod:`..ops` (a set is saved and restored through the same operations), torch; not the
+public faces. Nothing imports it but the runtime's ``__init__``.
 """
