@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from tlckpt.codec import inspect, read_state_bits, write_state_bits
-from tlckpt.codec.families import HEAD_BYTES
+from tlckpt.codec.sniffing import HEAD_BYTES
 from tlckpt.testing.limits import Child, run_limited, sparse_file
 
 GiB = 1 << 30

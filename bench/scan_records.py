@@ -34,11 +34,11 @@ from tlckpt.codec import (
     inspect,
     scan_adam,
     scan_float32_state,
-    walker,
     write_adam,
     write_float32_state,
 )
-from tlckpt.codec.float32_state import write_float32_extents
+from tlckpt.codec.model_state.float32_state_writer import write_float32_extents
+from tlckpt.codec.spec import walker
 
 
 @contextlib.contextmanager

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 import tlckpt
-from tlckpt.codec import checkpoint_set
+from tlckpt.codec.sets import checkpoint_set
 
 
 def _model(mib: int) -> torch.nn.ParameterList:

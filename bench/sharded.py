@@ -51,7 +51,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
-    from tlckpt.runtime.sharded_io import ENV, last_sharded_io
+    from tlckpt.runtime.placement.sharded_io import ENV, last_sharded_io
     from tlckpt.testing.models import sharded_linears
 
     torch.set_num_threads(1)

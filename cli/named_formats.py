@@ -21,7 +21,7 @@ from ..codec import (
     UnsupportedFormatError,
     atomic_output,
 )
-from ..codec.source import open_regular
+from ..codec.fileio.source import open_regular
 from ..optional import require
 from .tensor_state import State, from_torch, label, to_torch, torch_module
 

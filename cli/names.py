@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..codec import CheckpointError, MalformedError, SchemaMismatchError
-from ..codec.source import open_regular
+from ..codec.fileio.source import open_regular
 from .file_formats import POSITIONAL, format_of_path
 from .named_formats import NAMED_READERS, ORDER_KEY, read_pt, safetensors_module, stored_order
 from .tensor_state import State

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from ..codec.source import open_regular
+from ..codec.fileio.source import open_regular
 
 __all__ = ["THRESHOLD", "enabled", "reading", "counting"]
 

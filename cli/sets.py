@@ -5,7 +5,7 @@
 bytes, manifest included), and whether it verifies — or why not (the member and the check);
 leftovers of killed saves are counted, and entries named like a set that are not one (a
 step above 2**64 - 1, a file, a FIFO) are named as skipped. ``verify`` checks one set
-completely (:func:`~tlckpt.codec.checkpoint_set.verify_checkpoint`). With a key
+completely (:func:`~tlckpt.codec.sets.checkpoint_set.verify_checkpoint`). With a key
 (``--key-file``) both accept only sets signed with it; without one, a signed set is reported
 as one that cannot be authenticated. What a set records is printed through
 :func:`~.printable.printable`: control characters shown, never obeyed.
@@ -17,11 +17,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..codec.atomic import is_library_temporary
-from ..codec.checkpoint_set import scan_sets, set_path, verify_checkpoint
 from ..codec.errors import CheckpointError
-from ..codec.set_commit import is_retired
-from ..codec.set_keys import as_key
+from ..codec.fileio.atomic import is_library_temporary
+from ..codec.sets.checkpoint_set import verify_checkpoint
+from ..codec.sets.set_commit import is_retired
+from ..codec.sets.set_folders import scan_sets, set_path
+from ..codec.sets.set_keys import as_key
 from ..formats.checkpoint_set import MANIFEST_FILE
 from .describe import table
 from .printable import printable

@@ -90,7 +90,7 @@ def torch_module() -> Any:
 
 def _torch_dtype(encoding: str) -> Any:
     torch = torch_module()
-    from ..runtime.tensors import ENCODING_OF_DTYPE
+    from ..runtime.binding.tensors import ENCODING_OF_DTYPE
 
     for dtype, name in ENCODING_OF_DTYPE.items():
         if name == encoding:
@@ -103,7 +103,7 @@ def _torch_dtype(encoding: str) -> Any:
 
 
 def from_torch(name: str | None, t: Any) -> StateTensor:
-    from ..runtime.tensors import ENCODING_OF_DTYPE, to_host
+    from ..runtime.binding.tensors import ENCODING_OF_DTYPE, to_host
 
     torch = torch_module()
     if t.layout != torch.strided or t.is_quantized:
@@ -132,7 +132,7 @@ def to_torch(t: StateTensor) -> Any:
     dtype = _torch_dtype(t.encoding)
     if t.encoding in INTEGER_DTYPES:
         return torch.from_numpy(np.array(t.array, copy=True))
-    from ..runtime.tensors import from_host
+    from ..runtime.binding.tensors import from_host
 
     return from_host(np.array(t.array, copy=True), dtype)
 
@@ -202,7 +202,7 @@ def exact_cast(t: StateTensor, index: int, target: str) -> np.ndarray:
             raise _inexact(t, index, target, bad)
         return out
     # Words (bfloat16, float8, complex32) and integers: torch knows these types.
-    from ..runtime.tensors import to_file_dtype, to_host
+    from ..runtime.binding.tensors import to_file_dtype, to_host
 
     source = to_torch(t)
     dtype = _torch_dtype(target)

@@ -13,7 +13,7 @@ A destination (:class:`Destination`) comes from either
   file: its shapes and scalar type), or a ``.safetensors`` / ``.pt`` model state (its shapes
   and floating type); or
 * a JSON description, in the vocabulary of the conformance manifest's ``invalid[]``
-  (:mod:`tlckpt.codec.destinations`). ``kind`` names a family, or ``model_state`` for either
+  (:mod:`tlckpt.codec.values.destinations`). ``kind`` names a family, or ``model_state`` for either
   model-state family; left out, a family's marker member decides (``schema`` means
   ``adam``), else ``shapes`` alone fits either model-state family. A JSON object with a
   ``format`` key is a reference checkpoint instead.
@@ -37,7 +37,7 @@ from ..codec import (
     inspect,
     sniff_family,
 )
-from ..codec.destinations import ModelStateTarget, description_error, parse_model_state_target
+from ..codec.exact_json.json_document import read_document
 from ..codec.families import (
     FamilyHandler,
     ModelStateFamily,
@@ -45,8 +45,12 @@ from ..codec.families import (
     families_differ,
     family_named,
 )
-from ..codec.json_document import read_document
-from ..codec.source import open_source
+from ..codec.fileio.source import open_source
+from ..codec.values.destinations import (
+    ModelStateTarget,
+    description_error,
+    parse_model_state_target,
+)
 from ..formats.state_bits import FORMAT_KEY
 from . import progress
 from .convert import ORDER_KEY, format_of_path, read_state
@@ -67,7 +71,7 @@ class Destination:
         kind: a family's name, or :data:`MODEL_STATE` (either model-state family).
         source: where the destination came from, for messages.
         target: the destination itself, of the type the families' ``read`` takes
-            (:class:`~tlckpt.codec.destinations.AdamTarget`, ``ModelStateTarget``).
+            (:class:`~tlckpt.codec.values.destinations.AdamTarget`, ``ModelStateTarget``).
         families: the families whose files fit it: the destination's own family first, then
             every family that takes its destinations (:meth:`FamilyHandler.takes`).
     """

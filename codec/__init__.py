@@ -1,16 +1,16 @@
 """Streaming, validating readers and writers compiled from the ``formats`` specs (numpy only).
 
-Errors are re-exported here and from :mod:`tlckpt`.
+Errors are re-exported here and from :mod:`tlckpt`. This file is the codec's face; the rooms
+below it (``docs/architecture.md``), from the bottom up: :mod:`.fileio` (sources, atomic
+writes, transfers), :mod:`.values` (configs, schemas, destinations), :mod:`.spec` (the
+engine that turns a spec into a reader and a writer), :mod:`.exact_json` (the exact-bits
+JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`) and checkpoint sets
+(:mod:`.sets`). Face modules beside them: :mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a
+file's family from its first bytes), :mod:`.families` (the registry), :mod:`.registrations`
+(the built-in families), :mod:`.inspection`.
 """
 
-# The built-in families register themselves with the family registry (codec.families).
-# safetensors first: its sniff is strict (a NUL-bearing length), exact-bits JSON's is not.
-from .safetensors import family as _safetensors_family  # noqa: F401, I001
-from . import adam_family, model_state_families, tlckpt_optimizer_family  # noqa: F401
-from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
-from .atomic import atomic_output, clean_temporaries, is_temporary
-from .checkpoint_set import SkippedCheckpointWarning, verify_checkpoint
-from .config import AdamConfig, AdamKind, MomentDtype
+from ..formats.adam import AdamKind
 from .errors import (
     CheckpointError,
     ConfigError,
@@ -27,21 +27,35 @@ from .errors import (
     UnsupportedFormatError,
     UnsupportedVersionError,
 )
-from .float32_state import (
+from .exact_json.json_document import DEFAULT_MAX_JSON_BYTES
+from .fileio.atomic import atomic_output, clean_temporaries, is_temporary
+from .inspection import inspect, sniff_family
+from .model_state.float32_state import (
     is_float32_state,
     read_float32_state,
     scan_float32_state,
     validate_float32_state,
-    write_float32_state,
 )
-from .inspection import inspect, sniff_family
-from .optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
-from .schema import ParameterSchema
+from .model_state.float32_state_writer import write_float32_state
+from .model_state.state_bits import read_state_bits
+from .model_state.state_bits_writer import write_state_bits
+from .optimizers.adam import read_adam, scan_adam
+from .optimizers.adam_types import AdamCheckpoint, AdamEntry
+from .optimizers.adam_writer import write_adam
+from .optimizers.tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
+from .optimizers.tlckpt_optimizer_writer import write_optimizer_state
+from .registrations import register_built_in_families
 from .safetensors import read_metadata
-from .set_keys import read_key_file
-from .state_bits import DEFAULT_MAX_JSON_BYTES, read_state_bits, write_state_bits
-from .tlckpt_optimizer import read_optimizer_state, scan_optimizer_state
-from .tlckpt_optimizer_writer import write_optimizer_state
+from .sets.checkpoint_set import verify_checkpoint
+from .sets.set_folders import SkippedCheckpointWarning
+from .sets.set_keys import read_key_file
+from .values.config import AdamConfig, MomentDtype
+from .values.optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
+from .values.payload_sinks import PayloadSink
+from .values.schema import ParameterSchema
+
+# The families inspect, validate and convert dispatch through (one explicit list).
+register_built_in_families()
 
 __all__ = [
     "DEFAULT_MAX_JSON_BYTES",

@@ -8,13 +8,13 @@ campaigns), and, for model state (:class:`ModelStateFamily`), read and written w
 (``tlckpt convert``). ``inspect``,
 ``sniff_family``, the command line and the fuzzing harness all dispatch through it, so a new
 family is one spec module in ``formats/``, its reader and writer in ``codec/``, and one
-:func:`register_family` call — the built-in ones are registered in
-:mod:`.adam_family` and :mod:`.model_state_families`.
+:func:`register_family` call — the built-in ones are registered in one list,
+:data:`~.registrations.BUILT_IN_FAMILIES`.
 
-Which family a file is, is decided from at most :data:`HEAD_BYTES` bytes, so a file of the
-wrong kind is refused before the rest of it is read, and a file of one family handed to a
-reader (or a destination) of another is named the same way everywhere
-(:func:`families_differ`).
+Which family a file is, is decided from its first bytes (:mod:`.sniffing`, which this
+registry tells of each family without a magic), so a file of the wrong kind is refused before
+the rest of it is read, and a file of one family handed to a reader (or a destination) of
+another is named the same way everywhere (:func:`families_differ`).
 """
 
 from __future__ import annotations
@@ -28,43 +28,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..formats import registry
-from .destinations import ModelStateTarget, parse_model_state_target
+from . import sniffing
 from .errors import UnsupportedFormatError
-from .source import PathOrFile
+from .fileio.source import PathOrFile
+from .values.destinations import ModelStateTarget, parse_model_state_target
 
 __all__ = [
-    "HEAD_BYTES",
     "FamilyExample",
-    "JSON_FAMILY",
-    "JSON_WHITESPACE",
-    "UTF8_BOM",
     "FamilyHandler",
     "ModelStateFamily",
     "families",
     "family_named",
     "register_family",
     "unregister_family",
-    "magic_family",
-    "head_family",
     "family_title",
     "families_differ",
 ]
-
-#: The family name of exact-bits JSON model state (it has no magic).
-JSON_FAMILY = "state_bits"
-
-#: Bytes looked at to decide a file's family: every magic, and the leading JSON whitespace a
-#: document may have before its first significant byte. A document with more leading
-#: whitespace than this is not refused from its head: it is read, under its bound, and judged
-#: whole.
-HEAD_BYTES = 4096
-
-#: The four bytes JSON counts as whitespace (RFC 8259).
-JSON_WHITESPACE = b" \t\n\r"
-
-#: A UTF-8 byte order mark, which RFC 8259 does not allow a JSON text to start with.
-UTF8_BOM = b"\xef\xbb\xbf"
-
 
 #: Arrays to write: a sized iterable (a list, or one that produces each array on demand).
 Arrays = Collection[np.ndarray]
@@ -95,21 +74,34 @@ class FamilyHandler(abc.ABC):
     whose :meth:`takes` accepts the destination.
 
     Attributes:
-        name: the family's name: ``inspect(path)["family"]``, and ``kind`` in descriptions.
-        label: what the family's files are called (``"TLADAMF"``, ``"exact-bits JSON"``).
+        name: the family's name: ``inspect(path)["family"]``, and ``kind`` in descriptions
+            (a binary family's is the format registry's name of its magic, by default).
+        label: what the family's files are called (``"TLADAMF"``, ``"exact-bits JSON"``;
+            a binary family's magic, by default).
         contents: what its files hold, for messages (``"Adam/AdamW optimizer state"``).
-        title: the same, for reports (``"streamed float32 model state"``).
+        title: the same, for reports (``"streamed float32 model state"``; ``contents`` by
+            default).
         magic: the registered magic of a binary family; ``None`` for a family told by
             :meth:`sniff` instead.
         marker: a member whose presence in a description without ``kind`` means this family.
     """
 
-    name: str
-    label: str
-    contents: str
-    title: str
+    name: str = ""
+    label: str = ""
+    contents: str = ""
+    title: str = ""
     magic: bytes | None = None
     marker: str | None = None
+
+    def __post_init__(self) -> None:
+        # A binary family's name and label follow from its magic, so that they cannot
+        # disagree with the format registry (which names a file's family by its magic).
+        if self.magic is not None and not self.name:
+            object.__setattr__(self, "name", registry.FAMILIES.get(self.magic, ""))
+        if self.magic is not None and not self.label:
+            object.__setattr__(self, "label", self.magic.decode("ascii"))
+        if not self.title:
+            object.__setattr__(self, "title", self.contents)
 
     @property
     def noun(self) -> str:
@@ -172,7 +164,8 @@ class ModelStateFamily(FamilyHandler):
     """A family of model state: tensors by position, whatever their number and shapes.
 
     Every such family takes the same destinations
-    (:class:`~tlckpt.codec.destinations.ModelStateTarget`: shapes and a scalar encoding), so a
+    (:class:`~tlckpt.codec.values.destinations.ModelStateTarget`: shapes and a scalar
+    encoding), so a
     ``.pt`` or ``.safetensors`` model fits any of them, and ``tlckpt convert`` reads and
     writes them whole.
 
@@ -224,6 +217,8 @@ def register_family(handler: FamilyHandler) -> FamilyHandler:
         ValueError: a family of that name is registered already, or a binary family's magic
             has no spec in :mod:`tlckpt.formats.registry`.
     """
+    if not handler.name:
+        raise ValueError(f"a family needs a name (its magic {handler.magic!r} has none)")
     if handler.name in _HANDLERS:
         raise ValueError(f"family {handler.name!r} is registered already")
     if handler.magic is not None and not registry.known_versions(handler.magic):
@@ -231,12 +226,15 @@ def register_family(handler: FamilyHandler) -> FamilyHandler:
     if handler.magic is None and type(handler).sniff is FamilyHandler.sniff:
         raise ValueError(f"family {handler.name!r} has neither a magic nor a sniff")
     _HANDLERS[handler.name] = handler
+    if handler.magic is None:
+        sniffing.add_sniffer(handler.name, handler.sniff)
     return handler
 
 
 def unregister_family(name: str) -> None:
     """Remove a registration (tests that register a toy family clean up with this)."""
     _HANDLERS.pop(name, None)
+    sniffing.remove_sniffer(name)
 
 
 def families() -> tuple[FamilyHandler, ...]:
@@ -247,28 +245,6 @@ def families() -> tuple[FamilyHandler, ...]:
 def family_named(name: str) -> FamilyHandler | None:
     """The family called ``name``, or ``None``."""
     return _HANDLERS.get(name)
-
-
-def magic_family(head: bytes) -> str | None:
-    """The family whose registered magic ``head`` starts with, or ``None``."""
-    for magic, family in registry.FAMILIES.items():
-        if head.startswith(magic):
-            return family
-    return None
-
-
-def head_family(head: bytes, remaining: int) -> str | None:
-    """The family a file starting with ``head`` (of ``remaining`` bytes) is, from its head.
-
-    A registered magic decides first; then each family without one is asked (``sniff``).
-    """
-    found = magic_family(head)
-    if found is not None:
-        return found
-    for handler in _HANDLERS.values():
-        if handler.magic is None and handler.sniff(head, remaining):
-            return handler.name
-    return None
 
 
 def family_title(family: str) -> str:

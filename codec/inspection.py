@@ -14,11 +14,12 @@ from typing import Any
 from ..formats import registry
 from ..formats.primitives import float_bits, product
 from .errors import UnsupportedFormatError, names_the_file
-from .families import HEAD_BYTES, family_named, head_family
-from .gcpause import without_gc
-from .json_document import DEFAULT_MAX_JSON_BYTES
-from .schema import ParameterSchema
-from .source import PathOrFile, open_source
+from .exact_json.json_document import DEFAULT_MAX_JSON_BYTES
+from .families import family_named
+from .fileio.gcpause import without_gc
+from .fileio.source import PathOrFile, open_source
+from .sniffing import HEAD_BYTES, head_family
+from .values.schema import ParameterSchema
 
 __all__ = [
     "inspect",
@@ -35,7 +36,7 @@ def sniff_family(path: PathOrFile) -> str:
     """``"adam"``, ``"tlckpt_optimizer"``, ``"float32_state"``, ``"safetensors"`` or
     ``"state_bits"`` from the first bytes (the name of a registered family).
 
-    At most :data:`~tlckpt.codec.families.HEAD_BYTES` bytes are read: a registered magic, or
+    At most :data:`~tlckpt.codec.sniffing.HEAD_BYTES` bytes are read: a registered magic, or
     a JSON document (its first significant byte ``{`` or ``[``, a byte order mark, or only
     whitespace as far as that), whose reader then says precisely what is wrong with it.
 
@@ -70,8 +71,8 @@ def inspect(path: PathOrFile, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -
     Args:
         path: any file of a registered family (path or seekable binary file object).
         max_json_bytes: the largest exact-bits JSON file read (a JSON document is read whole;
-            see :data:`~tlckpt.codec.state_bits.DEFAULT_MAX_JSON_BYTES`). Binary files are
-            read record by record and need no cap.
+            see :data:`~tlckpt.codec.exact_json.json_document.DEFAULT_MAX_JSON_BYTES`).
+            Binary files are read record by record and need no cap.
 
     Returns:
         A JSON-serialisable dict. Keys depend on the family; always ``family`` and ``bytes``.

@@ -33,7 +33,7 @@ from construct import Array, Bytes, Const, Construct, FormatField, IfThenElse, P
 
 import tlckpt.formats
 from tlckpt.codec.families import families
-from tlckpt.codec.plan import fixed_size
+from tlckpt.codec.spec.plan import fixed_size
 from tlckpt.formats import registry
 from tlckpt.formats import safetensors as st_layout
 from tlckpt.formats.primitives import F64, U64, Payload, Valid, unwrap
@@ -54,10 +54,11 @@ _TYPE_NAMES = {U64.fmtstr: "u64", F64.fmtstr: "f64", "<I": "u32", "<B": "u8"}
 
 #: (magic, field) → what the family's reader checks on that field with the file alone (no
 #: destination), beyond the spec's own ``Const``/``Valid`` — rules that need the stored schema
-#: or earlier records, applied in code as the field is decoded: ``codec/adam.py``
-#: (``_AdamReader``), ``codec/tlckpt_optimizer.py`` (``_OptimizerReader``),
-#: ``codec/optimizer_reader.py`` (an entry's count), ``codec/schema_check.py`` (the schema
-#: blocks). ``tests/test_docs.py`` probes the readers: a field they reject must have a check.
+#: or earlier records, applied in code as the field is decoded: ``codec/optimizers/adam.py``
+#: (``_AdamReader``), ``codec/optimizers/tlckpt_optimizer.py`` (``_OptimizerReader``),
+#: ``codec/optimizers/optimizer_reader.py`` (an entry's count), ``codec/spec/schema_check.py``
+#: (the schema blocks). ``tests/test_docs.py`` probes the readers: a field they reject must
+#: have a check.
 READER_CHECKS: dict[tuple[bytes, str], str] = {
     (b"TLADAMF", "config.beta1"): "0 <= beta1 < 1 (not NaN)",
     (b"TLADAMF", "config.beta2"): "0 <= beta2 < 1 (not NaN)",

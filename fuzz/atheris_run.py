@@ -227,12 +227,7 @@ def _reproduce(target: str, files: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = campaign_parser("atheris_run", __doc__, seed=1)
-    parser.add_argument(
-        "--target",
-        choices=TARGETS,
-        default=None,
-        help="one target (default: all, one after another)",
-    )
+    parser.add_argument("--target", choices=TARGETS, help="one target (default: all, in turn)")
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=None, help="fixed run count instead")
     parser.add_argument("--out", default=str(OUT))

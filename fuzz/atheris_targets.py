@@ -6,7 +6,7 @@ Each target is a function of the fuzzer's bytes that may return or raise
 says "internal error" (the fast and interpreted parsers disagreeing) is a crash too.
 
 The destination-reading targets take their first byte as a selector: bit 7 runs the reader
-under :func:`tlckpt.codec.walker.interpreted` (construct's field-by-field parser instead of
+under :func:`tlckpt.codec.spec.walker.interpreted` (construct's field-by-field parser instead of
 the precompiled fast path); the low 7 bits pick a destination from the seed files'
 destinations, 0 meaning "no destination" (the family's own description of the file, as
 ``inspect`` makes it). Readers and descriptions are the family handlers' of the codec's
@@ -69,7 +69,7 @@ def make_target(target: str) -> Callable[[bytes], None]:
     """The function atheris calls for ``target``."""
     from tlckpt.codec import DEFAULT_MAX_JSON_BYTES, CheckpointError, inspect
     from tlckpt.codec.families import family_named
-    from tlckpt.codec.walker import interpreted
+    from tlckpt.codec.spec.plan import interpreted
 
     dests = [s.dest for s in target_seeds(target)]
 

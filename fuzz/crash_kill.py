@@ -18,7 +18,8 @@ trial started fresh), the previous complete file, or the new complete file: the 
 it fully with the library's readers and compares a digest of the decoded content with the
 previous file's and the child's announced one. Any other outcome is a *damaged* destination.
 Every other file left in the folder must be a recognisable temporary
-(``tlckpt.codec.atomic.is_temporary``: hidden, ``.tlckpt-`` in the name, ``.tmp`` suffix), must
+(``tlckpt.codec.fileio.atomic.is_temporary``: hidden, ``.tlckpt-`` in the name, ``.tmp``
+suffix), must
 not carry a checkpoint extension, and is left in place so later saves run next to stale
 temporaries — until a later trial completes a save to the same destination, which must
 remove it (a killed writer's lock is gone, so it is stale). Every tenth trial starts with no
@@ -178,7 +179,7 @@ def run(
     fresh_every: int = 10,
 ) -> dict:
     """Run the trials in ``folder``; return the figures (see the module docstring)."""
-    from tlckpt.codec.atomic import is_temporary, temporary_prefix
+    from tlckpt.codec.fileio.atomic import is_temporary, temporary_prefix
 
     ctx = mp.get_context("fork")
     previous: dict[str, str | None] = dict.fromkeys(DESTS)

@@ -69,7 +69,7 @@ def _adam_seed(
         ParameterSchema,
         write_adam,
     )
-    from tlckpt.codec.destinations import AdamTarget
+    from tlckpt.codec.values.destinations import AdamTarget
 
     schema = ParameterSchema(shapes, grads, reps)
     moment = MomentDtype(dtype)
@@ -115,7 +115,7 @@ def _tied_layout(rng: np.random.Generator, slots: int) -> tuple[list, list, list
 def generated_seeds() -> list[Seed]:
     """Larger files of every format and version, each at most :data:`LARGE_LIMIT` bytes."""
     from tlckpt.codec import write_float32_state, write_state_bits
-    from tlckpt.codec.destinations import ModelStateTarget
+    from tlckpt.codec.values.destinations import ModelStateTarget
     from tlckpt.formats.state_bits import ENCODINGS
 
     rng = np.random.default_rng(20240601)
@@ -267,7 +267,7 @@ def crafted_seeds() -> list[Seed]:
     fields a hostile value is not put in are laid out by the specs' own helpers.
     """
     from tlckpt.codec import MomentDtype, ParameterSchema
-    from tlckpt.codec.destinations import AdamTarget, ModelStateTarget
+    from tlckpt.codec.values.destinations import AdamTarget, ModelStateTarget
     from tlckpt.formats import (
         ADAM_MAGIC,
         FLOAT32_STATE_MAGIC,
@@ -343,7 +343,7 @@ def _record_size(struct: Any, **values: Any) -> int:
 def max_record_seeds() -> list[Seed]:
     """Valid files with as many records as 1 MiB holds (per-record cost at its worst)."""
     from tlckpt.codec import write_float32_state
-    from tlckpt.codec.destinations import ModelStateTarget
+    from tlckpt.codec.values.destinations import ModelStateTarget
     from tlckpt.formats import FRAMING, SLOT, TENSOR_RECORD, U64_SIZE
     from tlckpt.formats.adam import adam_entry
     from tlckpt.formats.float32_state import TENSOR_DTYPE

@@ -141,7 +141,7 @@ def _config_trials(config: str, count: int, work: Path, watch: _Watch) -> None:
 def _child(work: Path, trials: dict[str, int]) -> None:
     import torch
 
-    from tlckpt.runtime import plans
+    from tlckpt.runtime.commit import plans
 
     torch.set_num_threads(1)
     watch = _Watch(plans.deferred_interrupts)

@@ -120,10 +120,11 @@ def _racer(
 
 class _Window:
     """The racer's counts at the load's first ``fstat`` (after it) and at its last (before
-    it), read by wrapping the library's :class:`~tlckpt.codec.source.Source` in this process."""
+    it), read by wrapping the library's :class:`~tlckpt.codec.fileio.source.Source` in this
+    process."""
 
     def __init__(self) -> None:
-        from tlckpt.codec.source import Source
+        from tlckpt.codec.fileio.source import Source
 
         self.counters: Counters | None = None
         self.first_begun: int | None = None

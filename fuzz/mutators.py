@@ -39,9 +39,10 @@ import numpy as np
 from construct import Array, Container, Struct
 
 from tlckpt.codec.errors import CheckpointError
-from tlckpt.codec.framed import read_framing
-from tlckpt.codec.source import Source
-from tlckpt.codec.walker import Path, Visitor, parse
+from tlckpt.codec.fileio.source import Source
+from tlckpt.codec.paths import Path
+from tlckpt.codec.spec.framed import read_framing
+from tlckpt.codec.spec.walker import Visitor, parse
 from tlckpt.formats.primitives import unwrap
 
 from .json_mutations import JSON_INSERTS, json_systematic

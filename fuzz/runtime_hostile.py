@@ -327,12 +327,7 @@ def _finding(
 
 def main(argv: list[str] | None = None) -> int:
     parser = campaign_parser("runtime_hostile", __doc__, seed=3)
-    parser.add_argument(
-        "--per-file",
-        type=int,
-        default=None,
-        help="sample this many mutations per file (default: all)",
-    )
+    parser.add_argument("--per-file", type=int, help="mutations sampled per file (default: all)")
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)

@@ -46,7 +46,7 @@ class Seed:
         kind: the family's name (``"adam"``, ``"float32_state"``, ``"state_bits"``).
         data: the file's bytes.
         dest: the destination, of the type the family's handler reads against
-            (:class:`~tlckpt.codec.destinations.AdamTarget`, ``ModelStateTarget``).
+            (:class:`~tlckpt.codec.values.destinations.AdamTarget`, ``ModelStateTarget``).
         valid: whether the unmutated file reads successfully against ``dest``.
         origin: ``"vector"``, ``"generated"`` or ``"crafted"``.
     """

@@ -153,6 +153,32 @@ class FolderCheck:
     leftovers: int = 0  # leftovers in the folder now
 
 
+@dataclass
+class Totals:
+    """What the trials' folder checks add up to (the report's last four entries)."""
+
+    problems: list[str] = field(default_factory=list)
+    restores: int = 0
+    max_leftovers: int = 0
+    leftovers_cleaned: int = 0
+
+    def add(self, check: FolderCheck) -> None:
+        """Count one trial's check."""
+        self.problems += check.problems
+        self.restores += check.restored
+        self.leftovers_cleaned += check.cleaned
+        self.max_leftovers = max(self.max_leftovers, check.leftovers)
+
+    def report(self) -> dict[str, Any]:
+        """The report's entries for them."""
+        return {
+            "restores_checked": self.restores,
+            "max_leftovers": self.max_leftovers,
+            "leftovers_cleaned": self.leftovers_cleaned,
+            "problems": self.problems,
+        }
+
+
 def _check_folder(
     folder: Path,
     trial: int,
@@ -170,8 +196,9 @@ def _check_folder(
     the set must be committed and no leftover remain). ``announced`` holds what each step's
     set may restore to (an overwrite: the old values or the new); ``digest`` is this trial's
     own values, which a completed save must restore to."""
-    from tlckpt.codec.atomic import is_library_temporary
-    from tlckpt.codec.checkpoint_set import committed_steps, latest_verified, verify_checkpoint
+    from tlckpt.codec.fileio.atomic import is_library_temporary
+    from tlckpt.codec.sets.checkpoint_set import latest_verified, verify_checkpoint
+    from tlckpt.codec.sets.set_folders import committed_steps
 
     check = FolderCheck(committed_steps(folder))
     committed, problems = check.committed, check.problems
@@ -220,8 +247,8 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     """Run the trials in ``folder``; return the figures (see the module docstring)."""
     import torch
 
-    from tlckpt.codec.atomic import is_library_temporary
-    from tlckpt.codec.checkpoint_set import committed_steps
+    from tlckpt.codec.fileio.atomic import is_library_temporary
+    from tlckpt.codec.sets.set_folders import committed_steps
 
     torch.set_num_threads(1)  # the parent forks: no thread pool may be running
     ctx = mp.get_context("fork")
@@ -229,11 +256,8 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     seen: set[int] = set()
     durations: dict[bool, list[float]] = {True: [], False: []}
     outcomes: Counter = Counter()
-    problems: list[str] = []
-    max_leftovers = 0
-    leftovers_cleaned = 0
+    totals = Totals()
     killed = 0
-    restores = 0
     calibration = 2  # one trial of each kind is never killed
     for trial in range(trials + calibration):
         step = trial + 1
@@ -267,13 +291,9 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
         check = _check_folder(
             folder, trial, step, announced, seen, before, size_mb, done, digest=digest
         )
-        committed = check.committed
-        problems += check.problems
-        restores += check.restored
-        leftovers_cleaned += check.cleaned
-        max_leftovers = max(max_leftovers, check.leftovers)
+        totals.add(check)
         if not quiet and trial % 20 == 0:
-            print(f"  trial {trial}: {kind} {phase}, committed {committed}", flush=True)
+            print(f"  trial {trial}: {kind} {phase}, committed {check.committed}", flush=True)
     return {
         "trials_killed": killed,
         "trials": trials,
@@ -282,10 +302,7 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
             ("sync" if k else "async"): sorted(v)[len(v) // 2] for k, v in durations.items()
         },
         "outcomes": dict(outcomes),
-        "restores_checked": restores,
-        "max_leftovers": max_leftovers,
-        "leftovers_cleaned": leftovers_cleaned,
-        "problems": problems,
+        **totals.report(),
     }
 
 
@@ -352,7 +369,7 @@ def _exit_outcome(
     ending: str, failing: bool, step: int, folder: Path, returned: bool, stderr: str
 ) -> tuple[str, str | None]:
     """The outcome of an ``--exit-background`` trial, and a problem (``None``: none)."""
-    from tlckpt.codec.checkpoint_set import committed_steps
+    from tlckpt.codec.sets.set_folders import committed_steps
 
     committed = step in committed_steps(folder)
     said = [
@@ -376,7 +393,7 @@ def _exit_outcome(
 
 def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bool) -> dict:
     """``--exit-background``: the trials in ``folder``; return the figures."""
-    from tlckpt.codec.atomic import is_library_temporary
+    from tlckpt.codec.fileio.atomic import is_library_temporary
 
     root = str(Path(__file__).resolve().parents[1])  # ``fuzz`` is importable from here
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -384,8 +401,7 @@ def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quie
     seen: set[int] = set()
     durations: list[float] = []
     outcomes: Counter = Counter()
-    problems: list[str] = []
-    restores = max_leftovers = leftovers_cleaned = 0
+    totals = Totals()
     calibration = 1  # one trial that ends at once, never failing: how long a save takes
     for trial in range(trials + calibration):
         step = trial + 1
@@ -409,15 +425,12 @@ def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quie
         outcome, problem = _exit_outcome(ending, failing, step, folder, returned, stderr)
         outcomes[f"{ending}{' failing' if failing else ''}: {outcome}"] += 1
         if problem:
-            problems.append(f"trial {trial} ({ending}, exit status {status}): {problem}")
+            totals.problems.append(f"trial {trial} ({ending}, exit status {status}): {problem}")
         done = outcome == "committed" and ending not in ABRUPT  # retention ran to its end
         check = _check_folder(
             folder, trial, step, announced, seen, before, size_mb, done, EXIT_WIDTH
         )
-        problems += check.problems
-        restores += check.restored
-        leftovers_cleaned += check.cleaned
-        max_leftovers = max(max_leftovers, check.leftovers)
+        totals.add(check)
         if not quiet and trial % 20 == 0:
             print(f"  trial {trial}: {ending}: {outcome}, committed {check.committed}", flush=True)
     return {
@@ -426,10 +439,7 @@ def run_exit(trials: int, size_mb: float, folder: Path, rng: random.Random, quie
         "size_mb": size_mb,
         "save_and_exit_seconds_median": round(sorted(durations)[len(durations) // 2], 3),
         "outcomes": dict(sorted(outcomes.items())),
-        "restores_checked": restores,
-        "max_leftovers": max_leftovers,
-        "leftovers_cleaned": leftovers_cleaned,
-        "problems": problems,
+        **totals.report(),
     }
 
 

@@ -7,7 +7,7 @@
   fits TorchLean's versions, else as tlckpt's own ``TLCKOPT`` family.
 * :class:`CheckpointManager`, :func:`save_checkpoint` / :func:`load_checkpoint` — a whole
   training state (model, optimizer, scheduler, hyperparameters, random states) as one
-  verified checkpoint set (:mod:`.checkpoint_sets`, :mod:`.checkpoint_manager`).
+  verified checkpoint set (:mod:`.sets`).
 
 Loads are all or nothing: the file is read and checked completely, and found unchanged,
 before anything live changes, and Ctrl-C is held back while live state is written. The one
@@ -18,17 +18,16 @@ Models and optimizers sharded with ``torch.distributed`` (FSDP2 ``fully_shard``,
 from ``distribute_tensor``) go through the same functions, called on every rank. The file is
 the one a single process would write, so a checkpoint loads into any number of ranks. When
 every rank sees the same file system, each rank writes and reads its own bytes of it
-(:mod:`.positional`); otherwise rank 0 reads or writes it and full tensors stream through it
-(:mod:`.sharded_placement`). :func:`last_sharded_io` says which path a call took.
+(:mod:`.placement.positional`); otherwise rank 0 reads or writes it and full tensors stream
+through it (:mod:`.placement.sharded_placement`). :func:`last_sharded_io` says which path a
+call took.
 
-How the package is laid out: the public functions (:mod:`.module_state`, :mod:`.optimizer`)
-choose a placement (:mod:`.placement`: :mod:`.local_placement` or
-:mod:`.sharded_placement`, whose collectives are in :mod:`.collectives`; a sharded call's
-path: :mod:`.io_choice`, :mod:`.sharded_io`, :mod:`.positional`) and run the
-operation, written once over it: :mod:`.float32_files` (``TLSF32B``), :mod:`.bits_files`
-(exact-bits JSON), :mod:`.optimizer_files` (``TLADAMF`` and ``TLCKOPT``). A load returns a
-plan; its commit (:mod:`.plans`) is the only place where live tensors or optimizer state are
-written.
+How the package is laid out (``docs/architecture.md``): the public functions
+(:mod:`.module_state`, :mod:`.optimizer`) choose a placement (:mod:`.placement`) and run the
+operation, written once over it (:mod:`.ops`: ``TLSF32B``, exact-bits JSON, ``TLADAMF`` and
+``TLCKOPT``), on torch objects bound to the codec's values (:mod:`.binding`). A load returns a
+plan; its commit (:mod:`.commit`) is the only place where live tensors or optimizer state are
+written. Checkpoint sets of a whole training state are in :mod:`.sets`.
 """
 
 from ..optional import require
@@ -37,27 +36,27 @@ from ..runtime_names import RUNTIME_NAMES
 # Before anything below imports torch: without it, one message that says what to install.
 require("torch", "tlckpt.runtime (torch models and optimizers)")
 
-from .checkpoint_manager import CheckpointManager as CheckpointManager  # noqa: E402
-from .checkpoint_manager import SaveHandle as SaveHandle  # noqa: E402
-from .checkpoint_sets import Restored as Restored  # noqa: E402
-from .checkpoint_sets import load_checkpoint as load_checkpoint  # noqa: E402
-from .checkpoint_sets import save_checkpoint as save_checkpoint  # noqa: E402
-from .lazy_files import CheckpointFile as CheckpointFile  # noqa: E402
-from .lazy_files import open_checkpoint as open_checkpoint  # noqa: E402
+from .binding.slots import schema_of as schema_of  # noqa: E402
 from .module_state import load_module_state as load_module_state  # noqa: E402
 from .module_state import load_state_bits as load_state_bits  # noqa: E402
 from .module_state import save_module_state as save_module_state  # noqa: E402
 from .module_state import save_state_bits as save_state_bits  # noqa: E402
+from .ops.lazy_files import CheckpointFile as CheckpointFile  # noqa: E402
+from .ops.lazy_files import open_checkpoint as open_checkpoint  # noqa: E402
+from .ops.state_trees import load_state as load_state  # noqa: E402
+from .ops.state_trees import save_state as save_state  # noqa: E402
+from .ops.tensor_files import load_tensors as load_tensors  # noqa: E402
+from .ops.tensor_files import save_tensors as save_tensors  # noqa: E402
 from .optimizer import MissingRandomCounterWarning as MissingRandomCounterWarning  # noqa: E402
 from .optimizer import load_optimizer as load_optimizer  # noqa: E402
 from .optimizer import save_optimizer as save_optimizer  # noqa: E402
-from .sharded_io import ShardedIO as ShardedIO  # noqa: E402
-from .sharded_io import last_sharded_io as last_sharded_io  # noqa: E402
-from .slots import schema_of as schema_of  # noqa: E402
-from .state_trees import load_state as load_state  # noqa: E402
-from .state_trees import save_state as save_state  # noqa: E402
-from .tensor_files import load_tensors as load_tensors  # noqa: E402
-from .tensor_files import save_tensors as save_tensors  # noqa: E402
+from .placement.sharded_io import ShardedIO as ShardedIO  # noqa: E402
+from .placement.sharded_io import last_sharded_io as last_sharded_io  # noqa: E402
+from .sets.checkpoint_manager import CheckpointManager as CheckpointManager  # noqa: E402
+from .sets.checkpoint_manager import SaveHandle as SaveHandle  # noqa: E402
+from .sets.checkpoint_sets import load_checkpoint as load_checkpoint  # noqa: E402
+from .sets.checkpoint_sets import save_checkpoint as save_checkpoint  # noqa: E402
+from .sets.set_restoring import Restored as Restored  # noqa: E402
 
 #: The one list of these names (torch-free, so the root package can name them lazily).
 __all__ = list(RUNTIME_NAMES)

@@ -28,18 +28,18 @@ import io
 import os
 
 from ..codec.errors import CheckpointError, names_the_file
-from ..codec.families import HEAD_BYTES, JSON_FAMILY, family_title, head_family
-from ..codec.gcpause import without_gc
-from ..codec.source import PathOrFile
-from . import bits_files, float32_files
-from .dtensors import reusable
-from .named_module_state import plan_named_load, save_named_state
-from .placement import placement_for
-from .state_tensors import ModuleOrTensors, state_tensors
+from ..codec.families import family_title
+from ..codec.fileio.gcpause import without_gc
+from ..codec.fileio.source import PathOrFile, open_regular
+from ..codec.sniffing import HEAD_BYTES, JSON_FAMILY, head_family
+from .binding.dtensors import reusable
+from .ops import bits_files, float32_files
+from .ops.named_module_state import plan_named_load, save_named_state
+from .ops.state_tensors import ModuleOrTensors
+from .placement.choice import placement_for
 
 __all__ = [
     "module_format",
-    "state_tensors",
     "save_module_state",
     "load_module_state",
     "save_state_bits",
@@ -81,7 +81,7 @@ def _named_family(path: PathOrFile) -> str:
     :class:`~tlckpt.codec.source.Source` and needs no stamp of its own.
     """
     if isinstance(path, (str, os.PathLike)):
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is refused, never waited on
             head = f.read(HEAD_BYTES)
             remaining = os.fstat(f.fileno()).st_size
     else:
@@ -114,7 +114,7 @@ def save_module_state(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
@@ -183,7 +183,8 @@ def load_module_state(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike. Such
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank
+    alike. Such
     loads are always staged (each rank keeps its new shards off to the side until all have
     arrived), whatever ``staged`` says.
 
@@ -249,7 +250,7 @@ def save_state_bits(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         module_or_tensors: an ``nn.Module`` (``state_dict`` order) or a sequence of tensors.
@@ -282,7 +283,7 @@ def load_state_bits(
 
     A model holding DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) makes this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         module_or_tensors: the destination model or tensors.

@@ -19,12 +19,12 @@ import warnings
 import torch
 
 from ..codec.errors import names_the_file
-from ..codec.gcpause import without_gc
-from ..codec.source import PathOrFile
-from . import optimizer_files
-from .dtensors import reusable
-from .placement import placement_for
-from .slots import ModuleOrParams
+from ..codec.fileio.gcpause import without_gc
+from ..codec.fileio.source import PathOrFile
+from .binding.dtensors import reusable
+from .binding.slots import ModuleOrParams
+from .ops import optimizer_files
+from .placement.choice import placement_for
 
 __all__ = ["MissingRandomCounterWarning", "save_optimizer", "load_optimizer"]
 
@@ -63,7 +63,7 @@ def save_optimizer(
 
     Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW``.
@@ -122,7 +122,7 @@ def load_optimizer(
 
     Parameters that are DTensors (FSDP2 ``fully_shard``, ``distribute_tensor``) make this a
     collective: every rank calls it and rank 0 alone opens the file (see
-    :mod:`tlckpt.runtime.sharded_placement`); errors are then raised on every rank alike.
+    :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
         optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW``.

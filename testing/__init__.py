@@ -2,6 +2,8 @@
 
 * :mod:`tlckpt.testing.strategies` — hypothesis strategies for well-formed schemas, configs,
   counters, bit-exact float payloads and whole checkpoint states (needs ``hypothesis``);
+* :mod:`tlckpt.testing.value_strategies` — hypothesis strategies for a training-state
+  document's values (schedulers' states, ``extra``), exact or just past the readers' bounds;
 * :mod:`tlckpt.testing.vectors` — where the conformance vectors are (``tests/vectors``), and
   their manifest entries as the codec's values (``ParameterSchema``, ``AdamConfig``, arrays);
 * :mod:`tlckpt.testing.adam` — the AdamW configuration tests write when its values do not matter;

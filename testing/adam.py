@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tlckpt.codec import AdamConfig, AdamKind, MomentDtype
+from ..codec import AdamConfig, AdamKind, MomentDtype
 
 __all__ = ["adamw_config"]
 

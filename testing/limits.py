@@ -111,7 +111,7 @@ def run_limited(
 
 
 def _read_state_bits() -> Callable[[str], Any]:
-    from tlckpt.codec import read_state_bits
+    from ..codec import read_state_bits
 
     return lambda path: read_state_bits(path, DESTINATION, "float32")
 
@@ -119,14 +119,14 @@ def _read_state_bits() -> Callable[[str], Any]:
 def _load_state_bits() -> Callable[[str], Any]:
     import torch
 
-    from tlckpt.runtime import load_state_bits
+    from ..runtime import load_state_bits
 
     model = [torch.zeros(DESTINATION[0])]
     return lambda path: load_state_bits(model, path)
 
 
 def _inspect() -> Callable[[str], Any]:
-    from tlckpt.codec import inspect
+    from ..codec import inspect
 
     return inspect
 
@@ -144,7 +144,7 @@ def run_reader(entry: str, path: str) -> dict[str, Any]:
 
     The seconds are those of the call alone (imports and the destination come first).
     """
-    from tlckpt.codec import CheckpointError
+    from ..codec import CheckpointError
 
     call = ENTRIES[entry]()
     start = time.perf_counter()

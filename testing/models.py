@@ -8,6 +8,8 @@ Its dims (7 and 4 rows) shard unevenly over 2 and 3 ranks.
 
 * :func:`batch` / :func:`train` — step ``k``'s batch is a function of ``k`` alone, and ``k``
   is the random counter, so an interrupted run can continue exactly;
+* :func:`stepped_linear` / :func:`quadratic_steps` — a small linear model with an AdamW step
+  taken (state to save), and steps on a quadratic loss of seeded random inputs;
 * :func:`make_adam` — Adam/AdamW with non-default hyperparameters in any of torch's
   implementations (:data:`IMPLS`; :data:`CUDA_IMPLS` adds the capturable ones);
 * :func:`default_dtype` — run a block with a given torch default dtype, restored after.
@@ -28,6 +30,8 @@ __all__ = [
     "TiedNet",
     "batch",
     "train",
+    "stepped_linear",
+    "quadratic_steps",
     "IMPLS",
     "CUDA_IMPLS",
     "make_adam",
@@ -114,6 +118,51 @@ def train(
         loss.backward()
         opt.step()
     return first + count
+
+
+def stepped_linear(
+    in_features: int = 4, out_features: int = 3
+) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
+    """A seeded ``Linear`` and its AdamW optimizer after one step: a model and an optimizer
+    with state, for tests that save them.
+
+    Returns:
+        The model and the optimizer.
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Linear(in_features, out_features)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, in_features)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def quadratic_steps(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    *,
+    scheduler: Any = None,
+    rows: int = 5,
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """Take ``steps`` optimizer (and scheduler) steps on the mean square of the model's
+    output for seeded random inputs of 4 features, ``rows`` per step.
+
+    Returns:
+        Each step's loss, detached.
+    """
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(rows, 4, generator=g)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.detach())
+    return losses
 
 
 #: torch's Adam implementations, by name: the options that select each.

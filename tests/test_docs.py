@@ -39,7 +39,7 @@ from tlckpt.codec import (
     scan_float32_state,
     scan_optimizer_state,
 )
-from tlckpt.codec.tlckpt_optimizer_writer import write_optimizer_state
+from tlckpt.codec.optimizers.tlckpt_optimizer_writer import write_optimizer_state
 from tlckpt.formats import ADAM_MAGIC, lookup, registry, unregister
 from tlckpt.testing.vectors import vectors_dir
 

@@ -120,11 +120,12 @@ def _build_wheel(tmp_path: Path) -> list[str]:
 
 
 def test_wheel_holds_every_subpackage_and_module(tmp_path: Path) -> None:
-    # A hand-written package list once left tlckpt.runtime.collectives out of every wheel.
+    # A hand-written package list once left tlckpt.runtime.collectives (now in placement/)
+    # out of every wheel.
     names = _build_wheel(tmp_path)
     shipped = {n.rpartition("/")[0].replace("/", ".") for n in names if n.endswith("__init__.py")}
     on_disk = _packages_on_disk()
-    assert "tlckpt.runtime.collectives" in on_disk
+    assert "tlckpt.runtime.placement.collectives" in on_disk
     assert sorted(set(on_disk) - shipped) == [], "subpackages missing from the wheel"
     assert sorted(shipped - set(on_disk)) == [], "development-only packages in the wheel"
     modules = {

@@ -3,8 +3,9 @@
 Holds :mod:`.header` (parse, validate and build the JSON header of
 :mod:`tlckpt.formats.safetensors`), :mod:`.reader` (bounded reads of a header and of one
 tensor's bytes into a caller's buffer), :mod:`.writer` (streaming, atomic, durable writes
-whose bytes equal ``safetensors.serialize_file``'s) and :mod:`.lazy` (an open file read
-tensor by tensor). May import :mod:`tlckpt.formats` and the shared codec modules (errors,
+whose bytes equal ``safetensors.serialize_file``'s), :mod:`.lazy` (an open file read
+tensor by tensor) and :mod:`.family` (its handler, in the codec's list of built-in families,
+:mod:`..registrations`). May import :mod:`tlckpt.formats` and the shared codec modules (errors,
 sources, atomic output, JSON checks); never torch, never the ``safetensors`` package.
 """
 

@@ -20,11 +20,11 @@ import numpy as np
 
 from ...formats.primitives import unpack_u64
 from ...formats.safetensors import HEADER_LENGTH_SIZE, HEADER_START
-from ..destinations import description_error
 from ..errors import SchemaMismatchError
-from ..families import FamilyExample, FamilyHandler, register_family
+from ..families import FamilyExample, FamilyHandler
+from ..fileio.source import PathOrFile, open_source
 from ..inspection import file_size
-from ..source import PathOrFile, open_source
+from ..values.destinations import description_error
 from .header import Header
 from .reader import read_array, read_header
 from .writer import TensorData, write_safetensors
@@ -78,9 +78,9 @@ def _check_against(header: Header, target: NamedTensorsTarget) -> None:
     missing = sorted(set(wanted) - set(header.entries))
     extra = sorted(set(header.entries) - set(wanted))
     if missing or extra:
+        differ = f"the tensors differ from the destination's{where}"
         raise SchemaMismatchError(
-            f"the tensors differ from the destination's{where}: missing {missing[:5]},"
-            f" unexpected {extra[:5]}",
+            f"{differ}: missing {missing[:5]}, unexpected {extra[:5]}",
             field="header",
             actual=extra[:5],
             expected=missing[:5],
@@ -170,11 +170,9 @@ class _SafetensorsFamily(FamilyHandler):
             return {name: read_array(src, header, e) for name, e in header.entries.items()}
 
 
-SAFETENSORS_FAMILY = register_family(
-    _SafetensorsFamily(
-        name="safetensors",
-        label="safetensors",
-        contents="named tensors of any dtype",
-        title="the safetensors layout",
-    )
+SAFETENSORS_FAMILY = _SafetensorsFamily(
+    name="safetensors",
+    label="safetensors",
+    contents="named tensors of any dtype",
+    title="the safetensors layout",
 )

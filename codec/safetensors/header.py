@@ -42,7 +42,7 @@ from ..errors import (
     TrailingDataError,
     TruncatedError,
 )
-from ..json_document import duplicate_key_anywhere
+from ..exact_json.json_document import duplicate_key_anywhere
 
 __all__ = [
     "Header",
@@ -133,6 +133,12 @@ def _bad(message: str, field: str, actual: Any = None, expected: Any = None) -> 
     )
 
 
+def _not_a(what: str, value: Any, wanted: str, field: str) -> MalformedError:
+    """``what`` must be ``wanted`` (``"an object"``, ``"a string"``), and ``value`` is not."""
+    kind = type(value).__name__
+    return _bad(f"{what} must be {wanted}, not {kind}", field, kind, wanted.split()[1])
+
+
 def _is_u64(value: Any) -> bool:
     return type(value) is int and 0 <= value <= U64_MAX
 
@@ -141,32 +147,17 @@ def _metadata(value: Any) -> dict[str, str] | None:
     if value is None:  # the reference reads null as "no metadata"
         return None
     if type(value) is not dict:
-        raise _bad(
-            f"{METADATA_KEY} must be an object of strings, not {type(value).__name__}",
-            METADATA_KEY,
-            actual=type(value).__name__,
-            expected="object",
-        )
+        raise _not_a(METADATA_KEY, value, "an object of strings", METADATA_KEY)
     for key, text in value.items():
         if type(text) is not str:
-            raise _bad(
-                f"{METADATA_KEY}[{key!r}] must be a string, not {type(text).__name__}",
-                f"{METADATA_KEY}[{key!r}]",
-                actual=type(text).__name__,
-                expected="string",
-            )
+            raise _not_a(f"{METADATA_KEY}[{key!r}]", text, "a string", f"{METADATA_KEY}[{key!r}]")
     return value
 
 
 def _entry(name: str, value: Any) -> TensorEntry:
     where = f"header[{name!r}]"
     if type(value) is not dict:
-        raise _bad(
-            f"tensor {name!r} must be an object, not {type(value).__name__}",
-            where,
-            actual=type(value).__name__,
-            expected="object",
-        )
+        raise _not_a(f"tensor {name!r}", value, "an object", where)
     if value.keys() != _KEYS:
         raise _bad(
             f"tensor {name!r} has members {sorted(value)}; expected exactly {list(ENTRY_KEYS)}",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
-from ..source import PathOrFile, Source, open_source
+from ..fileio.source import PathOrFile, Source, open_source
 from .header import Header, TensorEntry
 from .reader import read_array, read_header, read_tensor_into
 

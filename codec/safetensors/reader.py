@@ -14,7 +14,7 @@ import numpy as np
 from ...formats.primitives import unpack_u64
 from ...formats.safetensors import HEADER_LENGTH_SIZE
 from ..errors import ConfigError, names_the_file
-from ..source import PathOrFile, Source, open_source
+from ..fileio.source import PathOrFile, Source, open_source
 from .header import Header, TensorEntry, check_header_length, parse_header
 
 __all__ = [

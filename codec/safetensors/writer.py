@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ...formats.safetensors import DTYPE_BY_NAME, DTYPES
-from ..atomic import output
 from ..errors import CheckpointError, names_the_file
-from ..source import PathOrFile
+from ..fileio.atomic import output
+from ..fileio.source import PathOrFile
 from .header import build_header
 
 __all__ = ["TensorData", "numpy_dtype_name", "write_safetensors"]

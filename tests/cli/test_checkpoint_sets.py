@@ -6,18 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from cli_support import refused, run, run_ok
 
 import tlckpt
+from tlckpt.testing.models import stepped_linear
 
 
 def test_ls_and_verify_checkpoint_sets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, 4)).sum().backward()
-    opt.step()
+    model, opt = stepped_linear()
     manager = tlckpt.CheckpointManager(tmp_path)
     good = manager.save(1, model=model, optimizer=opt).wait()
     bad = manager.save(2, model=model, optimizer=opt).wait()

@@ -21,7 +21,8 @@ import pytest
 import torch
 from cli_support import VECTORS_DIR, one_line_rejection, run
 
-from tlckpt.codec.families import HEAD_BYTES, family_named, family_title
+from tlckpt.codec.families import family_named, family_title
+from tlckpt.codec.sniffing import HEAD_BYTES
 from tlckpt.testing.limits import run_limited, sparse_file
 
 cli_main = importlib.import_module("tlckpt.cli.main")  # the module (``cli.main`` is its function)

@@ -10,20 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from cli_support import refused, run_ok
 
 import tlckpt
 from tlckpt.cli.printable import printable
-from tlckpt.codec.set_documents import _self_digest
+from tlckpt.codec.sets.set_documents import self_digest
+from tlckpt.testing.models import stepped_linear
 
 
 def _set(directory: Path) -> Path:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, 4)).sum().backward()
-    opt.step()
+    model, opt = stepped_linear()
     return tlckpt.CheckpointManager(directory).save(1, model=model, optimizer=opt).wait()
 
 
@@ -31,7 +27,7 @@ def _reseal(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     path = folder / "manifest.json"
     document = json.loads(path.read_bytes())
     edit(document)
-    document["self_digest"] = _self_digest(document)
+    document["self_digest"] = self_digest(document)
     path.write_bytes(json.dumps(document).encode())
 
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import tlckpt
+from tlckpt.testing.models import stepped_linear
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 
@@ -34,11 +34,7 @@ def tlckpt_cli(*argv: object) -> subprocess.CompletedProcess:
 
 
 def _sets(directory: Path, steps: list[int]) -> list[Path]:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, 4)).sum().backward()
-    opt.step()
+    model, opt = stepped_linear()
     manager = tlckpt.CheckpointManager(directory)
     return [manager.save(s, model=model, optimizer=opt).wait() for s in steps]
 

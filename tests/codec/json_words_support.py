@@ -16,9 +16,9 @@ from unittest import mock
 import numpy as np
 import orjson
 
-from tlckpt.codec import state_bits as sb
 from tlckpt.codec.errors import CheckpointError
-from tlckpt.codec.state_bits import inspect_state_bits, read_state_bits
+from tlckpt.codec.model_state import state_bits as sb
+from tlckpt.codec.model_state.state_bits import inspect_state_bits, read_state_bits
 from tlckpt.formats.state_bits import encoding_by_name, parse_tag
 from tlckpt.testing.vectors import vectors_dir
 

@@ -7,7 +7,7 @@ import io
 import json
 from typing import Any
 
-from tlckpt.codec.state_bits import read_state_bits
+from tlckpt.codec.model_state.state_bits import read_state_bits
 
 F32 = "torchlean_state_float32_bits_v1"
 

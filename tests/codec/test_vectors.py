@@ -363,7 +363,7 @@ def test_every_vector_is_exercised(
         e["file"] for e in manifest["invalid"] if e["kind"] == "state_bits"
     ]
     assert len(json_files) + exercised == len(listed)
-    state_bits_module = Path(__file__).with_name("test_state_bits.py")
+    state_bits_module = Path(__file__).parent / "model_state" / "test_state_bits.py"
     assert state_bits_module.is_file(), "exact-bits JSON vectors have no test module"
     json_module = module.rsplit("/", 1)[0] + "/test_state_bits.py"
     used = [

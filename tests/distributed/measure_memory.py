@@ -34,7 +34,7 @@ def measure(mesh: Any, folder: Path) -> dict[str, Any]:
     return this rank's figures in bytes (rank 0's are the ones that matter)."""
 
     from tlckpt.runtime import save_module_state, save_optimizer
-    from tlckpt.runtime.dtensors import local_tensor
+    from tlckpt.runtime.binding.dtensors import local_tensor
     from tlckpt.testing.models import sharded_linears
 
     model, opt = sharded_linears(mesh, WIDTH, LAYERS)

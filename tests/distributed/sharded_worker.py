@@ -56,8 +56,8 @@ from tlckpt.runtime import (
     save_state_bits,
     schema_of,
 )
-from tlckpt.runtime.dtensors import local_tensor
-from tlckpt.runtime.sharded_io import last_sharded_io
+from tlckpt.runtime.binding.dtensors import local_tensor
+from tlckpt.runtime.placement.sharded_io import last_sharded_io
 from tlckpt.testing.models import TiedNet, train
 
 
@@ -190,7 +190,7 @@ def other_world_into_shards(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def install_by_hand(model: Any, opt: Any, values: dict[str, Any]) -> None:
     """Full values into sharded objects with ``torch.chunk`` rows (no tlckpt involved)."""
-    from tlckpt.runtime.dtensors import like_dtensor
+    from tlckpt.runtime.binding.dtensors import like_dtensor
 
     with torch.no_grad():
         for name, t in model.state_dict(keep_vars=True).items():

@@ -26,8 +26,8 @@ from tlckpt.runtime import (
     load_optimizer,
     load_state_bits,
 )
-from tlckpt.runtime.dtensors import local_tensor
-from tlckpt.runtime.sharded_io import ENV
+from tlckpt.runtime.binding.dtensors import local_tensor
+from tlckpt.runtime.placement.sharded_io import ENV
 from tlckpt.testing.bitwise import same
 from tlckpt.testing.models import TiedNet, make_adam
 

@@ -31,7 +31,7 @@ from tlckpt.runtime import (
     save_module_state,
     save_optimizer,
 )
-from tlckpt.runtime.collectives import scatter
+from tlckpt.runtime.placement.collectives import scatter
 
 
 def attempt(action: Callable[[], Any]) -> dict[str, Any]:

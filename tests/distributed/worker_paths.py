@@ -34,8 +34,8 @@ from worker_common import (
 from worker_failures import attempt
 
 from tlckpt.runtime import load_module_state, save_module_state
-from tlckpt.runtime.dtensors import local_tensor
-from tlckpt.runtime.sharded_io import last_sharded_io
+from tlckpt.runtime.binding.dtensors import local_tensor
+from tlckpt.runtime.placement.sharded_io import last_sharded_io
 from tlckpt.testing.models import TiedNet, train
 
 
@@ -58,7 +58,7 @@ def model_state(model: TiedNet) -> dict[str, Any]:
 
 def leftovers(folder: Path) -> list[str]:
     """Temporaries and probe files in ``folder`` (once every rank is done with it)."""
-    from tlckpt.codec.atomic import is_temporary
+    from tlckpt.codec.fileio.atomic import is_temporary
 
     dist.barrier()
     return [n for n in os.listdir(folder) if is_temporary(n) or n.startswith(".tlckpt-probe-")]
@@ -70,7 +70,7 @@ def both_paths(ctx: dict[str, Any]) -> dict[str, Any]:
     each file equals a single process's; each loads back into fresh shards; the files of
     every world present (1, 2, 3) load by both paths; a rank that cannot see rank 0's probe
     (or sees another file) sends the call through rank 0; a bad setting is refused."""
-    import tlckpt.runtime.io_choice as io_choice
+    import tlckpt.runtime.placement.io_choice as io_choice
 
     mesh = ctx["mesh"]
     folder = WORKDIR / f"paths-w{WORLD}"
@@ -225,9 +225,9 @@ def injected(module: Any, name: str, victim: int, calls: int, what: str) -> Iter
 def injected_failures(ctx: dict[str, Any]) -> dict[str, Any]:
     """Parallel saves and loads with one rank failing at each phase: every rank raises the
     same error, the previous file is intact, no temporary is left, nothing live changes."""
-    import tlckpt.codec.atomic as atomic
-    import tlckpt.runtime.float32_files as float32_files
-    import tlckpt.runtime.positional as positional
+    import tlckpt.codec.fileio.atomic as atomic
+    import tlckpt.runtime.ops.float32_files as float32_files
+    import tlckpt.runtime.placement.positional as positional
 
     mesh = ctx["mesh"]
     folder = WORKDIR / f"failures-w{WORLD}"

@@ -33,8 +33,8 @@ from worker_common import (
 )
 
 from tlckpt import runtime
-from tlckpt.runtime.dtensors import local_tensor
-from tlckpt.runtime.sharded_io import last_sharded_io
+from tlckpt.runtime.binding.dtensors import local_tensor
+from tlckpt.runtime.placement.sharded_io import last_sharded_io
 from tlckpt.testing.models import train
 
 

@@ -10,12 +10,7 @@ import pytest
 from construct import ConstructError
 
 from tlckpt.formats.primitives import InvalidField
-from tlckpt.formats.safetensors import (
-    DTYPE_BY_NAME,
-    DTYPES,
-    HEADER_LIMIT,
-    SAFETENSORS_PREFIX,
-)
+from tlckpt.formats.safetensors import DTYPE_BY_NAME, DTYPES, HEADER_LIMIT, SAFETENSORS_PREFIX
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")

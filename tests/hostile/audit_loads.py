@@ -56,6 +56,19 @@ SPAWN_EVENTS = {
 }
 
 
+def _flipped(files: list[Path], per_file: int, mask: int, prefix: str) -> list[Path]:
+    """Mutants of ``files`` beside them: about ``per_file`` of each, one byte XORed with
+    ``mask`` at evenly spaced offsets."""
+    mutants = []
+    for i, f in enumerate(files):
+        data = f.read_bytes()
+        for j in range(0, len(data), max(1, len(data) // per_file)):
+            mutant = f.with_name(f"{prefix}{i}_{j}{f.suffix}")
+            mutant.write_bytes(data[:j] + bytes([data[j] ^ mask]) + data[j + 1 :])
+            mutants.append(mutant)
+    return mutants
+
+
 def main(vectors: Path, work: Path) -> dict:
     import numpy as np
     import torch
@@ -116,12 +129,7 @@ def main(vectors: Path, work: Path) -> dict:
         for spec in specs[:: max(1, len(specs) // 12)]:
             mutants.append((seed, apply(seed.data, spec, {})))
     runtime_files = [work / "m.tlsf32", work / "m.json", work / "o.tladam"]
-    for i, f in enumerate(list(runtime_files)):
-        data = f.read_bytes()
-        for j in range(0, len(data), max(1, len(data) // 10)):
-            mutant = work / f"mut{i}_{j}{f.suffix}"
-            mutant.write_bytes(data[:j] + bytes([data[j] ^ 0xFF]) + data[j + 1 :])
-            runtime_files.append(mutant)
+    runtime_files += _flipped(runtime_files, 10, 0xFF, "mut")
 
     # The safetensors layout: model state by name, a state tree, and mutants of both.
     tlckpt.save_module_state(model, work / "n.safetensors")
@@ -129,12 +137,7 @@ def main(vectors: Path, work: Path) -> dict:
         {"model": model.state_dict(), "step": 3, "t": (1.5, None)}, work / "s.safetensors"
     )
     named_files = [work / "n.safetensors", work / "s.safetensors"]
-    for i, f in enumerate(list(named_files)):
-        data = f.read_bytes()
-        for j in range(0, len(data), max(1, len(data) // 24)):
-            mutant = work / f"nmut{i}_{j}.safetensors"
-            mutant.write_bytes(data[:j] + bytes([data[j] ^ 0x5A]) + data[j + 1 :])
-            named_files.append(mutant)
+    named_files += _flipped(named_files, 24, 0x5A, "nmut")
 
     def open_and_read(p):
         with tlckpt.open_checkpoint(p) as f:

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from tlckpt.codec import set_commit
-from tlckpt.codec.float32_state_writer import write_float32_state
-from tlckpt.codec.set_documents import build_training_state
+from tlckpt.codec.model_state.float32_state_writer import write_float32_state
+from tlckpt.codec.sets import set_commit
+from tlckpt.codec.sets.set_document_writing import build_training_state
 from tlckpt.formats.checkpoint_set import folder_name
 
 _calls = 0

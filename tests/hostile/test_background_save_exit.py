@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from hostile_support import run_python
 
-from tlckpt.codec.checkpoint_set import committed_steps, verify_checkpoint
+from tlckpt.codec.sets.checkpoint_set import verify_checkpoint
+from tlckpt.codec.sets.set_folders import committed_steps
 
 PREPARE = """
 import os, sys
@@ -85,7 +86,7 @@ def test_a_failure_already_raised_is_not_said_again_at_exit(tmp_path: Path) -> N
     script = (
         PREPARE
         + "import errno\n"
-        + "import tlckpt.runtime.checkpoint_manager as cm\n"
+        + "import tlckpt.runtime.sets.checkpoint_manager as cm\n"
         + "def refuse(*args, **kwargs):\n"
         + "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
         + "cm.write_set = refuse\n"
@@ -136,7 +137,7 @@ def test_digests_are_right_where_no_digest_thread_can_start(
 
     import xxhash
 
-    from tlckpt.codec import set_digests
+    from tlckpt.codec.sets import set_digests
 
     def refuse() -> None:
         raise RuntimeError("can't create new thread at interpreter shutdown")
@@ -159,7 +160,7 @@ def test_a_background_save_runs_inline_where_no_writer_thread_can_start(
     import torch
 
     import tlckpt
-    from tlckpt.runtime import checkpoint_manager
+    from tlckpt.runtime.sets import checkpoint_manager
 
     class Refused(threading.Thread):
         def start(self) -> None:

@@ -25,14 +25,10 @@ import torch
 from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
-from tlckpt.codec import (
-    FileChangedError,
-    PartialLoadError,
-    TruncatedError,
-    transfer,
-)
-from tlckpt.codec import state_bits as state_bits_module
-from tlckpt.runtime import float32_bulk, float32_files
+from tlckpt.codec import FileChangedError, PartialLoadError, TruncatedError
+from tlckpt.codec.fileio import transfer
+from tlckpt.codec.model_state import state_bits as state_bits_module
+from tlckpt.runtime.ops import float32_bulk, float32_files
 
 lm = fuzz_module("live_model")
 
@@ -80,10 +76,10 @@ def _hook_payload_pass(
     """Run ``action`` inside the pass that reads payloads into the model or its staging:
     after the payload of record ``after``, or (``None``) once the pass has returned.
 
-    That pass reads in bulk (``float32_bulk.read_extents``); reads of at most two pieces
+    That pass reads in bulk (``float32_bulk.read_float32_extents``); reads of at most two pieces
     each (a payload and the header after it) give it a moment between records.
     """
-    real = float32_bulk.read_extents
+    real = float32_bulk.read_float32_extents
     monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
     def hooked(f: Any, layout: Any, records: Any, *args: Any) -> None:
@@ -103,7 +99,7 @@ def _hook_payload_pass(
         if after is None:
             action()
 
-    monkeypatch.setattr(float32_bulk, "read_extents", hooked)
+    monkeypatch.setattr(float32_bulk, "read_float32_extents", hooked)
 
 
 # ------------------------------------------------------------------------------ TLSF32B

@@ -48,7 +48,7 @@ def test_two_processes_saving_to_one_path(tmp_path: Path) -> None:
 
 def test_temporary_names_are_recognised_and_never_checkpoints(tmp_path: Path) -> None:
     crash = fuzz_module("crash_kill")
-    from tlckpt.codec import atomic
+    from tlckpt.codec.fileio import atomic
 
     for name in ("model.tlsf32", "opt.tladam", "state.json", "x"):
         folder = tmp_path / name.replace(".", "_")

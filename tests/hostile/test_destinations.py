@@ -32,7 +32,6 @@ from tlckpt.cli.main import main as cli_main
 from tlckpt.codec import (
     AdamEntry,
     ParameterSchema,
-    atomic,
     atomic_output,
     clean_temporaries,
     is_temporary,
@@ -40,6 +39,7 @@ from tlckpt.codec import (
     write_float32_state,
     write_state_bits,
 )
+from tlckpt.codec.fileio import atomic
 from tlckpt.testing.adam import adamw_config
 
 # ------------------------------------------------------------------------------ writers

@@ -24,6 +24,7 @@ import torch
 from set_editing import edit_training_state
 
 from tlckpt import ConfigError, load_checkpoint, save_checkpoint
+from tlckpt.testing.models import quadratic_steps
 
 
 def _run(seed: int, **adamw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
@@ -39,13 +40,7 @@ def _run(seed: int, **adamw: Any) -> tuple[torch.nn.Module, torch.optim.Optimize
 
 
 def _train(model: torch.nn.Module, optimizer: Any, scheduler: Any, steps: int) -> None:
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        loss = model(torch.randn(5, 4, generator=g)).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
+    quadratic_steps(model, optimizer, steps, scheduler=scheduler)
 
 
 @pytest.fixture(scope="module")
@@ -99,39 +94,27 @@ def _edited(saved_set: Path, tmp_path: Path, edit: Callable[[list], None]) -> Pa
     return folder
 
 
+def _setting(group: int, key: str, value: Any) -> tuple[str, Callable[[list], None]]:
+    """An edit of the document's param groups: ``key`` of group ``group`` set to ``value``
+    (a JSON value as the document holds it), and the field a refusal names."""
+    return f"param_groups[{group}].{key}", lambda g: g[group].__setitem__(key, value)
+
+
 REFUSED = {
-    "betas": (
-        "param_groups[0].betas",
-        lambda g: g[0].__setitem__("betas", {"$tuple": [0.8, 0.999]}),
-    ),
-    "eps": ("param_groups[1].eps", lambda g: g[1].__setitem__("eps", 1e-6)),
-    "weight_decay": (
-        "param_groups[0].weight_decay",
-        lambda g: g[0].__setitem__("weight_decay", 0.0),
-    ),
-    "amsgrad": ("param_groups[0].amsgrad", lambda g: g[0].__setitem__("amsgrad", True)),
-    "maximize": ("param_groups[1].maximize", lambda g: g[1].__setitem__("maximize", 1)),
-    "kind": (
-        "param_groups[0].decoupled_weight_decay",
-        lambda g: g[0].__setitem__("decoupled_weight_decay", False),
-    ),
-    "lr_text": ("param_groups[0].lr", lambda g: g[0].__setitem__("lr", "abc")),
-    "lr_bool": ("param_groups[0].lr", lambda g: g[0].__setitem__("lr", True)),
-    "lr_negative": ("param_groups[1].lr", lambda g: g[1].__setitem__("lr", -0.5)),
-    "lr_nan": (
-        "param_groups[1].lr",
-        lambda g: g[1].__setitem__("lr", {"$float": "0x7ff8000000000000"}),
-    ),
-    "lr_list": ("param_groups[0].lr", lambda g: g[0].__setitem__("lr", [0.1])),
-    "lr_tensor": (
-        "param_groups[0].lr",
-        lambda g: g[0].__setitem__("lr", {"$tensor": ["float32", 0.25]}),
-    ),
-    "initial_lr_text": (
-        "param_groups[0].initial_lr",
-        lambda g: g[0].__setitem__("initial_lr", "x"),
-    ),
-    "own_key": ("param_groups[1].note", lambda g: g[1].__setitem__("note", 7)),
+    "betas": _setting(0, "betas", {"$tuple": [0.8, 0.999]}),
+    "eps": _setting(1, "eps", 1e-6),
+    "weight_decay": _setting(0, "weight_decay", 0.0),
+    "amsgrad": _setting(0, "amsgrad", True),
+    "maximize": _setting(1, "maximize", 1),
+    "kind": _setting(0, "decoupled_weight_decay", False),
+    "lr_text": _setting(0, "lr", "abc"),
+    "lr_bool": _setting(0, "lr", True),
+    "lr_negative": _setting(1, "lr", -0.5),
+    "lr_nan": _setting(1, "lr", {"$float": "0x7ff8000000000000"}),
+    "lr_list": _setting(0, "lr", [0.1]),
+    "lr_tensor": _setting(0, "lr", {"$tensor": ["float32", 0.25]}),
+    "initial_lr_text": _setting(0, "initial_lr", "x"),
+    "own_key": _setting(1, "note", 7),
 }
 
 
@@ -159,11 +142,8 @@ def other_betas_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: Edits that make the document agree with the live optimizer, not with the member.
 LIVE_NOT_MEMBER = {
-    "betas": (
-        "param_groups[1].betas",
-        lambda g: g[1].__setitem__("betas", {"$tuple": [0.9, 0.999]}),
-    ),
-    "eps": ("param_groups[0].eps", lambda g: g[0].__setitem__("eps", 1e-8)),
+    "betas": _setting(1, "betas", {"$tuple": [0.9, 0.999]}),
+    "eps": _setting(0, "eps", 1e-8),
 }
 
 

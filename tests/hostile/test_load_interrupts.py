@@ -21,8 +21,9 @@ import torch
 from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
-from tlckpt.codec import transfer
-from tlckpt.runtime import bits_files, float32_bulk, plans
+from tlckpt.codec.fileio import transfer
+from tlckpt.runtime.commit import plans
+from tlckpt.runtime.ops import bits_files, float32_bulk
 
 lm = fuzz_module("live_model")
 rh = fuzz_module("runtime_hostile")
@@ -62,7 +63,7 @@ def _signal_inside_the_commit(
     monkeypatch: pytest.MonkeyPatch, mode: str, trigger: Callable[[], None]
 ) -> None:
     if mode == "tlsf32-in-place":  # the commit is the copying pass: signal after its third tensor
-        real = float32_bulk.read_extents
+        real = float32_bulk.read_float32_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)  # a read per payload (and header)
 
         def hooked(*args: Any) -> None:
@@ -75,7 +76,7 @@ def _signal_inside_the_commit(
 
             real(*rest, on_progress)
 
-        monkeypatch.setattr(float32_bulk, "read_extents", hooked)
+        monkeypatch.setattr(float32_bulk, "read_float32_extents", hooked)
         return
     if mode == "tlsf32-staged":  # the commit copies the staged bytes over the live tensors'
         real_copy = float32_bulk.copy_extents
@@ -118,7 +119,7 @@ def test_interrupt_before_the_commit_changes_nothing(
 
         monkeypatch.setattr(bits_files, "read_state_bits", read_then_signal)
     elif mode == "tlsf32-staged":  # in the payload pass, after its third payload
-        real_read = float32_bulk.read_extents
+        real_read = float32_bulk.read_float32_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
         def read_then_signal(*args: Any) -> None:
@@ -128,7 +129,7 @@ def test_interrupt_before_the_commit_changes_nothing(
 
             real_read(*args[:5], on_progress)
 
-        monkeypatch.setattr(float32_bulk, "read_extents", read_then_signal)
+        monkeypatch.setattr(float32_bulk, "read_float32_extents", read_then_signal)
     else:  # in the checking pass (in place), at its 3rd payload
         sink = float32_bulk.Precheck
         real_done = sink.done

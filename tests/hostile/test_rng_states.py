@@ -35,8 +35,8 @@ from tlckpt import (
     save_checkpoint,
     verify_checkpoint,
 )
-from tlckpt.codec.rng_states import check_numpy_state, check_random_state
-from tlckpt.runtime.rng_states import CPU_STATE_BYTES, cpu_state
+from tlckpt.codec.sets.rng_states import check_numpy_state, check_random_state
+from tlckpt.runtime.sets.rng_states import CPU_STATE_BYTES, cpu_state
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = Path(tlckpt.__file__).resolve().parent.parent  # the folder holding the package
@@ -206,7 +206,7 @@ def test_random_states_are_checked_whole(saved_set: Path, tmp_path: Path, name: 
         verify_checkpoint(tmp_path / "edited")
 
 
-# torch's CPU state: the fields of CPUGeneratorImplState (see tlckpt.runtime.rng_states).
+# torch's CPU state: the fields of CPUGeneratorImplState (see tlckpt.runtime.sets.rng_states).
 def _torch_bytes(edit: Callable[[bytearray], None]) -> Callable[[dict], None]:
     def apply(document: dict) -> None:
         data = bytearray.fromhex(document["rng"]["torch"])

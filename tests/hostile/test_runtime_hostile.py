@@ -27,8 +27,8 @@ from tlckpt.codec import (
     write_float32_state,
     write_optimizer_state,
 )
-from tlckpt.runtime.adam_binding import bind_adam, bind_optimizer
-from tlckpt.runtime.tensors import to_host
+from tlckpt.runtime.binding.adam_binding import bind_adam, bind_optimizer
+from tlckpt.runtime.binding.tensors import to_host
 from tlckpt.testing.models import default_dtype
 
 rh = fuzz_module("runtime_hostile")

@@ -25,9 +25,9 @@ from hostile_support import run_python
 from overwrite_kill_child import write
 
 import tlckpt
-from tlckpt.codec.checkpoint_set import clean_leftovers, remove_set, verify_checkpoint
-from tlckpt.codec.set_commit import RETIRED_SUFFIX, is_retired
-from tlckpt.codec.set_documents import parse_training_state
+from tlckpt.codec.sets.checkpoint_set import verify_checkpoint
+from tlckpt.codec.sets.set_commit import RETIRED_SUFFIX, clean_leftovers, is_retired, remove_set
+from tlckpt.codec.sets.set_documents import parse_training_state
 from tlckpt.formats.checkpoint_set import folder_name
 
 CHILD = Path(__file__).resolve().parent / "overwrite_kill_child.py"
@@ -107,7 +107,7 @@ def test_overwriting_a_linked_step_replaces_the_link_only(
 ) -> None:
     if mode == "no-exchange":
         monkeypatch.setattr(
-            "tlckpt.codec.set_commit.exchange", lambda first, second: False, raising=False
+            "tlckpt.codec.sets.set_commit.exchange", lambda first, second: False, raising=False
         )
     target, managed = _elsewhere(tmp_path, 1)
     write(str(managed), 1, 2, overwrite=True)
@@ -139,7 +139,7 @@ def test_leftover_links_are_removed_never_followed(tmp_path: Path) -> None:
 
 _KILLED_SAVE = """
 import os, signal, sys, torch, tlckpt
-from tlckpt.codec import set_commit
+from tlckpt.codec.sets import set_commit
 def killed(self, *args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 set_commit.SetWriter.commit = killed

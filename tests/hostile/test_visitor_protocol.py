@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hostile_support import REPO, fuzz_module
 
-from tlckpt.codec.walker import Visitor, VisitorProtocol
+from tlckpt.codec.spec.walker import Visitor, VisitorProtocol
 
 #: The hooks: every method the Protocol declares.
 HOOKS = tuple(
@@ -66,26 +66,28 @@ def _is_visitor(node: ast.ClassDef) -> bool:
 
 
 def _visitor_sources() -> list[tuple[str, str, bool]]:
-    """``(folder/module, class name, defined at module level)`` for each visitor class."""
+    """``(folder/module, class name, defined at module level)`` for each visitor class, in
+    the folder and every subpackage of it (``codec/spec/walker``)."""
     found = []
     for folder in FOLDERS:
-        for path in sorted((REPO / folder).glob("*.py")):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            module = path.relative_to(REPO).with_suffix("").as_posix()
             tree = ast.parse(path.read_text(), filename=str(path))
             top = {id(n) for n in tree.body}
             for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef) and _is_visitor(node):
                     if node.name == "VisitorProtocol":
                         continue
-                    found.append((f"{folder}/{path.stem}", node.name, id(node) in top))
+                    found.append((module, node.name, id(node) in top))
     return found
 
 
 def _import(where: str) -> Any:
-    folder, module = where.split("/")
+    folder, module = where.split("/", 1)
     package = FOLDERS[folder]
     if package is None:
         return fuzz_module(module)
-    return importlib.import_module(f"{package}.{module}")
+    return importlib.import_module(f"{package}.{module.replace('/', '.')}")
 
 
 VISITORS = _visitor_sources()
@@ -94,7 +96,7 @@ VISITORS = _visitor_sources()
 def test_the_walker_calls_only_the_protocols_hooks() -> None:
     """Every ``visitor.X`` / ``self.visitor.X`` in the walker is a hook of the Protocol, and
     the default ``Visitor`` has no public method the Protocol lacks."""
-    tree = ast.parse((REPO / "codec" / "walker.py").read_text())
+    tree = ast.parse((REPO / "codec" / "spec" / "walker.py").read_text())
     called = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
@@ -113,9 +115,10 @@ def test_the_walker_calls_only_the_protocols_hooks() -> None:
 def test_the_known_visitors_are_found() -> None:
     names = {(where, name) for where, name, _ in VISITORS}
     assert {
-        ("codec/walker", "Visitor"),
-        ("codec/adam", "_AdamReader"),
-        ("codec/float32_state", "_StateReader"),
+        ("codec/spec/walker", "Visitor"),
+        ("codec/optimizers/adam", "_AdamReader"),
+        ("codec/model_state/float32_state", "_StateReader"),
+        ("codec/optimizers/optimizer_reader", "OptimizerReader"),
         ("fuzz/mutators", "Recorder"),
     } <= names, names
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tlckpt import CheckpointManager
-from tlckpt.codec.set_documents import _self_digest
+from tlckpt.codec.sets.set_documents import self_digest
 
 #: Seconds any of these calls may take: they read a few KiB.
 DEADLINE = 15.0
@@ -77,5 +77,5 @@ def reseal(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     path = folder / "manifest.json"
     document = json.loads(path.read_bytes())
     edit(document)
-    document["self_digest"] = _self_digest(document)
+    document["self_digest"] = self_digest(document)
     path.write_bytes(json.dumps(document).encode())

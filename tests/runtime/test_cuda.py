@@ -23,7 +23,7 @@ from tlckpt.runtime import (
     save_state_bits,
     schema_of,
 )
-from tlckpt.runtime.tensors import HostBuffer
+from tlckpt.runtime.binding.tensors import HostBuffer
 from tlckpt.testing.bitwise import (
     module_unchanged,
     optimizer_unchanged,

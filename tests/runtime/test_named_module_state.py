@@ -8,7 +8,7 @@ import torch
 
 import tlckpt
 from tlckpt import CheckpointError, ConfigError, SchemaMismatchError
-from tlckpt.runtime import named_module_state
+from tlckpt.runtime.ops import named_module_state
 
 st = pytest.importorskip("safetensors.torch")
 

@@ -99,7 +99,7 @@ def _raw(t: torch.Tensor) -> bytes:
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_codec_reads_the_storage_words(tmp_path: Path, dtype: torch.dtype):
-    from tlckpt.runtime.tensors import ENCODING_OF_DTYPE
+    from tlckpt.runtime.binding.tensors import ENCODING_OF_DTYPE
 
     values = _every_word(dtype)[:64]
     save_state_bits([values], tmp_path / "w.json")

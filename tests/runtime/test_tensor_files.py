@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict, deque
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,7 +216,7 @@ def test_open_checkpoint_reads_every_family(tmp_path) -> None:
                 f.tensor("nope")
 
 
-def test_open_checkpoint_refuses_other_families(tmp_path) -> None:
+def test_open_checkpoint_refuses_other_families(tmp_path: Path) -> None:
     path = tmp_path / "junk.bin"
     path.write_bytes(b"\x00not a checkpoint")
     with pytest.raises(CheckpointError):

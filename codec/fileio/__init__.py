@@ -1,0 +1,10 @@
+"""File I/O below every family: sources, atomic writes, vectored transfers.
+
+Holds :mod:`.source` (a file opened for reading, its stamp, bounded reads), :mod:`.atomic`
+(write a temporary, fsync, rename, fsync the folder), :mod:`.transfer` (payloads moved by
+address with ``preadv``/``pwritev``), :mod:`.staging` (byte comparison of staged buffers),
+:mod:`.gcpause` (the garbage collector held off during a large read) and :mod:`.interrupts`
+(Ctrl-C deferred while live state is written).
+
+May import: :mod:`..errors`, :mod:`..paths`. Nothing of a family, no ``formats``.
+"""

@@ -1,0 +1,10 @@
+"""Checkpoint sets: a folder of member files, a manifest, digests, an atomic commit.
+
+Holds the documents (:mod:`.set_documents`, :mod:`.set_document_checks`,
+:mod:`.exact_values`, :mod:`.rng_states`), keys and digests (:mod:`.set_keys`,
+:mod:`.set_digests`), the folders (:mod:`.set_folders`), the commit (:mod:`.set_commit`) and
+a set's verification (:mod:`.checkpoint_set`). numpy-free.
+
+May import: ``formats``, the codec's faces (:mod:`..errors`, :mod:`..families`,
+:mod:`..inspection`), :mod:`..fileio`, :mod:`..exact_json`.
+"""

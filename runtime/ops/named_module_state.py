@@ -1,0 +1,146 @@
+"""Model state of any dtype ↔ the safetensors layout, by name (``save_module_state`` and
+``load_module_state`` for ``.safetensors`` files).
+
+Saving writes ``state_dict()``'s tensors under their names, in any dtype the layout holds.
+Tied tensors (one view registered under several names) are stored once, under the first
+name in ``state_dict`` order; each other name is a ``__metadata__`` entry ``other → kept`` —
+the representation ``safetensors.torch.save_model`` uses, so its ``load_model`` and this
+module read each other's files.
+
+Loading is planned, then committed (:mod:`.plans`): the header is checked whole; each model
+name is matched to a file tensor (its own, or the kept name its metadata entry points to);
+dtypes and shapes must be equal (no silent conversion); every needed tensor is read into
+fresh memory on the live tensor's device; only then are all values copied in, with Ctrl-C
+held back. A file tensor feeding names the live model ties must not disagree with another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...codec.errors import ConfigError, SchemaMismatchError
+from ...codec.fileio.source import PathOrFile, open_source
+from ...codec.safetensors import Header, write_safetensors
+from ...codec.safetensors.reader import read_header
+from ..commit.plans import StatePlan
+from .state_tensors import ModuleOrTensors, NamedTensors, state_tensors, tied_copies
+from .tensor_files import read_entry, tensor_data, torch_dtype, torch_shape
+
+__all__ = ["save_named_state", "plan_named_load"]
+
+
+def save_named_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
+    """Write the model's state as a safetensors file, tied tensors once (see the module
+    docstring); the bytes are ``save_model``'s for the same model.
+
+    Raises:
+        CheckpointError: a state entry the layout cannot hold (a DTensor, a sparse tensor,
+            complex128); nothing is written.
+        OSError: from the file system.
+    """
+    named = state_tensors(module_or_tensors)
+    items = {name: tensor_data(t, name) for name, t in named}  # every entry checked first
+    copies = tied_copies(named)
+    metadata = {named[i][0]: named[j][0] for i, j in sorted(copies.items())} or None
+    for i in copies:
+        del items[named[i][0]]
+    write_safetensors(path, items, metadata=metadata)
+
+
+def _sources(named: NamedTensors, header: Header) -> tuple[dict[str, str], list[str]]:
+    """Model name → the file tensor it loads from, and the file tensors no name uses."""
+    aliases = header.metadata or {}
+    sources: dict[str, str] = {}
+    for name, _ in named:
+        if name in header.entries:
+            sources[name] = name
+        elif aliases.get(name) in header.entries:
+            sources[name] = aliases[name]
+    used = set(sources.values())
+    return sources, [n for n in header.entries if n not in used]
+
+
+def _check_fits(name: str, live: torch.Tensor, header: Header, source: str) -> None:
+    entry = header.entries[source]
+    dtype = torch_dtype(entry)
+    if dtype != live.dtype:
+        raise ConfigError(
+            f"tensor {name!r} is {live.dtype} in the model and {dtype} in the file"
+            f"{'' if source == name else f' (as {source!r})'}; a load does not convert",
+            field=name,
+            actual=str(dtype),
+            expected=str(live.dtype),
+        )
+    shape = torch_shape(entry, dtype)
+    if shape != tuple(live.shape):
+        raise SchemaMismatchError(
+            f"tensor {name!r} has shape {list(live.shape)} in the model and {list(shape)} in"
+            " the file",
+            field=name,
+            actual=list(shape),
+            expected=list(live.shape),
+        )
+
+
+def plan_named_load(
+    module_or_tensors: ModuleOrTensors, path: PathOrFile, *, strict: bool
+) -> tuple[StatePlan, list[str], list[str]]:
+    """Read and check a safetensors file for the model; nothing live changes.
+
+    Returns:
+        The plan (its commit copies every value in), the missing model names and the
+        unexpected file names.
+
+    Raises:
+        SchemaMismatchError: with ``strict``, names missing or unexpected; any shape that
+            differs; tied names given different values.
+        ConfigError: a dtype that differs.
+        CheckpointError: the file is not a valid safetensors file.
+    """
+    named = state_tensors(module_or_tensors)
+    with open_source(path) as src:
+        header = read_header(src)
+        sources, unexpected = _sources(named, header)
+        missing = [name for name, _ in named if name not in sources]
+        if strict and (missing or unexpected):
+            raise SchemaMismatchError(
+                f"the names differ: missing in the file {missing[:8]}, unexpected in the"
+                f" file {unexpected[:8]} (strict=False loads the names both have)",
+                field="names",
+                actual=unexpected[:8],
+                expected=missing[:8],
+            )
+        for name, live in named:
+            if name in sources:
+                _check_fits(name, live, header, sources[name])
+        staged: dict[str, torch.Tensor] = {}
+        for source in dict.fromkeys(sources.values()):
+            staged[source] = read_entry(src, header, header.entries[source])
+    copies = tied_copies(named)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for i, (name, live) in enumerate(named):
+        if name not in sources:
+            continue
+        value = staged[sources[name]]
+        j = copies.get(i)
+        if j is not None and named[j][0] in sources:  # one memory: the original is written
+            other = staged[sources[named[j][0]]]
+            if not torch.equal(_bytes(value), _bytes(other)):
+                raise SchemaMismatchError(
+                    f"{name!r} and {named[j][0]!r} are one tensor in the model and differ in"
+                    " the file",
+                    field=name,
+                )
+            continue
+        pairs.append((live, _to_device(value, live)))
+    return StatePlan(pairs), missing, unexpected
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _to_device(value: torch.Tensor, live: Any) -> torch.Tensor:
+    return value if live.device.type == "cpu" else value.to(live.device)

@@ -1,0 +1,113 @@
+"""The default process group as a checkpoint sees it: ranks, the wire, each rank's rows.
+
+Nothing here communicates: these are questions one rank answers alone, the same way on
+every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard
+
+from ....codec.errors import CheckpointError, SchemaMismatchError
+from ...binding.dtensors import is_dtensor, local_tensor
+
+__all__ = [
+    "WRITER",
+    "rank",
+    "world_size",
+    "is_writer",
+    "wire_device",
+    "row_shards",
+    "check_mesh",
+    "as_bytes",
+]
+
+#: The rank that reads and writes the file.
+WRITER = 0
+
+
+def rank() -> int:
+    """This process's rank in the default process group."""
+    return dist.get_rank()
+
+
+def world_size() -> int:
+    """The number of ranks in the default process group."""
+    return dist.get_world_size()
+
+
+def is_writer() -> bool:
+    """Whether this rank reads and writes the file."""
+    return rank() == WRITER
+
+
+def wire_device() -> torch.device:
+    """Where tensors that travel through the default group must be: CPU when its backend
+    takes CPU tensors (gloo, mpi, or a ``cpu:gloo,cuda:nccl`` pair), else the current
+    accelerator (NCCL takes CUDA tensors only)."""
+    backend = str(dist.get_backend()).lower()
+    if "cpu" in backend or backend in ("gloo", "mpi"):
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as flat bytes (what travels: exact for every dtype)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def row_shards(t: torch.Tensor) -> list[tuple[int, int]] | None:
+    """Each rank's rows ``[lo, hi)`` of a DTensor sharded by rows over a one-dimensional
+    mesh of all ranks in rank order (``Shard(0)``: ``torch.chunk`` rows, the last ranks
+    possibly empty); ``None`` for any other layout."""
+    mesh = t.device_mesh
+    placements = t.placements
+    if (
+        mesh.ndim != 1
+        or len(placements) != 1
+        or type(placements[0]) is not Shard
+        or placements[0].dim not in (0, -t.ndim)
+        or t.ndim == 0
+        or mesh.mesh.tolist() != list(range(world_size()))
+    ):
+        return None
+    size = t.shape[0]
+    chunk = -(-size // world_size()) if size else 0
+    return [(min(r * chunk, size), min((r + 1) * chunk, size)) for r in range(world_size())]
+
+
+def check_mesh(name: str, t: torch.Tensor) -> None:
+    """Refuse a DTensor whose device mesh does not span every rank of the default group,
+    or whose local rows are not the ones :func:`row_shards` says (then the ranks would
+    not agree on what travels).
+
+    Raises:
+        CheckpointError: naming the tensor and both sizes.
+    """
+    if not is_dtensor(t):
+        return
+    if t.device_mesh.size() != world_size():
+        raise CheckpointError(
+            f"tensor {name!r} is sharded over {t.device_mesh.size()} rank(s) of a"
+            f" {world_size()}-rank process group; a checkpoint is saved and loaded by every"
+            " rank of the default group, so each sharded tensor must span all of them",
+            field=name,
+            actual=t.device_mesh.size(),
+            expected=world_size(),
+        )
+    rows = row_shards(t)
+    if rows is not None:
+        lo, hi = rows[rank()]
+        local = tuple(local_tensor(t).shape)
+        if local != (hi - lo, *t.shape[1:]):
+            raise SchemaMismatchError(
+                f"tensor {name!r}: this rank's shard is {local}, but rows {lo}:{hi} of"
+                f" {tuple(t.shape)} under {t.placements}",
+                field=name,
+                actual=local,
+                expected=(hi - lo, *t.shape[1:]),
+            )

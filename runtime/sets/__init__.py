@@ -1,0 +1,12 @@
+"""Checkpoint sets of a whole training state: writing, restoring, retention.
+
+Holds :mod:`.set_writing`, :mod:`.set_restoring` and their entry points
+(:mod:`.checkpoint_sets`), :mod:`.checkpoint_manager` (steps, retention, async saves),
+:mod:`.snapshot` (live state copied for an async save), :mod:`.training_state`,
+:mod:`.param_group_values` and :mod:`.rng_states` (the training state's documents bound to
+torch objects).
+
+May import: ``tlckpt.codec``, :mod:`..binding`, :mod:`..placement`, :mod:`..commit` and
+:mod:`..ops` (a set is saved and restored through the same operations), torch; not the
+public faces. Nothing imports it but the runtime's ``__init__``.
+"""

@@ -1,0 +1,425 @@
+"""``CheckpointManager``: a folder of checkpoint sets, saved (blocking or in the background),
+listed, verified, retained and restored.
+
+A background save (``blocking=False``) copies the state off the live tensors into the
+manager's reusable host arena at the call (:mod:`.snapshot`), then returns; one writer
+thread writes the members, ``fsync``\\ s and commits, then applies the retention policy. One
+save is in flight at a time: a new ``save`` first waits for the previous one. The writer's
+work is system calls and hashing, which release the GIL (``bench/sets.py`` measures what the
+training thread keeps): what it takes from training is CPU time, not the GIL. On Linux the
+writer thread therefore lowers its own scheduling priority (:data:`WRITER_NICENESS`): where
+cores are free it runs as fast, where they are not the training loop keeps them and the
+save takes longer.
+
+A background failure is raised by its handle's :meth:`SaveHandle.wait`, and — once, if the
+handle has not raised it already — by the next :meth:`CheckpointManager.save` or by
+:meth:`CheckpointManager.wait`. A set whose save failed was never committed, so it never
+becomes :meth:`~CheckpointManager.latest`.
+
+A script that ends (normally, by ``sys.exit``, an uncaught exception or Ctrl-C) with a
+background save in flight waits for it: the writer is a non-daemon thread of its own, which
+the interpreter joins before it exits, and nothing on its path depends on a
+``concurrent.futures`` executor (those refuse work once shutdown has begun). A failure
+nobody was told of by then is printed on stderr at exit, one line naming the step, the
+folder and the error (:func:`_report_at_exit`). Only a process killed outright
+(``SIGKILL``, ``os._exit``) leaves its save unfinished — never committed half-way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...codec.sets.checkpoint_set import latest_verified
+from ...codec.sets.set_commit import clean_leftovers, remove_set
+from ...codec.sets.set_folders import check_step, committed_steps, retention_victims, set_path
+from ...codec.sets.set_keys import as_key
+from .set_restoring import Restored, Targets, restore_latest, restore_set
+from .set_writing import live_source, snapshot_source, write_set
+from .snapshot import Snapshotter
+
+__all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
+
+#: How much the background writer thread lowers its scheduling priority (Linux ``nice``
+#: steps, per thread). Measured on two busy cores (``bench/sets.py``), a training loop kept
+#: 35-45% of its steps per second during background saves at equal priority, 74% and more
+#: with the writer 10 steps lower.
+WRITER_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Make the calling (writer) thread yield the CPU to the training threads."""
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere setpriority's "process" would be the whole process, or another
+    # A scheduling hint only: a system refusing it leaves the save correct, just not nicer.
+    with contextlib.suppress(OSError):
+        tid = threading.get_native_id()  # on Linux, PRIO_PROCESS of a thread id is that thread
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS)
+
+
+class SaveHandle:
+    """The outcome of one :meth:`CheckpointManager.save`.
+
+    Attributes:
+        step: the set's step.
+    """
+
+    def __init__(self, step: int, future: Future, directory: Path | None = None):
+        self.step = step
+        self._future = future
+        self._reported = False
+        self._directory = directory
+        self._pid = os.getpid()
+
+    def wait(self) -> Path:
+        """Block until the set is committed.
+
+        Returns:
+            The committed set's folder.
+
+        Raises:
+            The save's error (``OSError``, ``CheckpointError``, ...): nothing was committed.
+        """
+        try:
+            path = self._future.result()
+        except BaseException:
+            self._reported = True
+            _unreported.discard(self)
+            raise
+        _unreported.discard(self)
+        return path
+
+    def done(self) -> bool:
+        """Whether the save has ended (committed or failed)."""
+        return self._future.done()
+
+    def _unreported_error(self) -> BaseException | None:
+        """The save's failure if nobody has been told of it yet (waits for the end)."""
+        error = self._future.exception()
+        if error is None or self._reported:
+            return None
+        self._reported = True
+        _unreported.discard(self)
+        return error
+
+
+_Thread = threading.Thread  # the writer's class (a test stands in one that cannot start)
+_WRITER_NAME = "tlckpt-save-"  # the writer threads' names begin so (then the step)
+
+#: Background saves of this process whose outcome nobody may have been told of yet: a save in
+#: flight, or one that failed and has not raised. A handle leaves it once it committed or its
+#: failure was raised. ``set.add``/``discard``/``copy`` are atomic: no lock, which a ``fork``
+#: could leave held in the child.
+_unreported: set[SaveHandle] = set()
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _report_at_exit() -> None:
+    """Wait for this process's background saves still in flight, and print on stderr, one
+    line each, a failure nobody was told of (nothing was committed for it).
+
+    Runs from :mod:`atexit`, after the interpreter has joined the writers (non-daemon
+    threads) — unless a second Ctrl-C cut that join short: then it waits here, and a further
+    Ctrl-C leaves the save unfinished, which is said too. Handles inherited by a forked
+    child are its parent's business and are skipped.
+    """
+    for handle in sorted(_unreported.copy(), key=lambda h: h.step):
+        if handle._pid != os.getpid():
+            continue
+        where = f"step {handle.step} in {handle._directory}"
+        try:
+            error = handle._unreported_error()
+        except KeyboardInterrupt:
+            _say(
+                f"tlckpt: the background save of {where} was interrupted at exit (Ctrl-C)"
+                " before it finished: the set may not be committed"
+            )
+            continue
+        if error is not None:
+            _say(
+                f"tlckpt: the background save of {where} failed, nothing was committed:"
+                f" {_one_line(error)}"
+            )
+    # Every writer gone, to its last bytecode, before the interpreter finalizes: a thread
+    # still ending then is stopped where it stands, and torch aborts the process (SIGABRT).
+    # A further Ctrl-C here stops the waiting; the sets are settled by now.
+    with contextlib.suppress(KeyboardInterrupt):
+        for thread in threading.enumerate():
+            if thread.name.startswith(_WRITER_NAME) and thread is not threading.current_thread():
+                thread.join()
+
+
+def _say(line: str) -> None:
+    # stderr may be closed or broken this late; there is nowhere else to say it then.
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+atexit.register(_report_at_exit)
+
+
+def _start_writer(work: Callable[[], Path], handle: SaveHandle) -> None:
+    """Run ``work`` for ``handle`` on a writer thread of its own (lower priority), its
+    outcome set on the handle's future.
+
+    A non-daemon thread, not an executor: the interpreter joins it before exiting, and it
+    takes no work from anything that shutdown closes. Where no thread can be started (in an
+    ``atexit`` hook, from Python 3.12 on), the save runs here, to the end.
+    """
+    future = handle._future
+
+    def run() -> None:
+        # Tracked from the moment it runs: a thread that a Ctrl-C in ``start`` kept from
+        # starting leaves nothing for the exit hook to wait for.
+        _unreported.add(handle)
+        try:
+            path = work()
+        except BaseException as exc:  # the save's failure: raised by the handle, or reported
+            future.set_exception(exc)
+        else:
+            _unreported.discard(handle)
+            future.set_result(path)
+
+    def in_thread() -> None:
+        _lower_priority()  # this thread's only (the inline fallback keeps the caller's)
+        run()
+
+    writer = _Thread(target=in_thread, name=f"{_WRITER_NAME}{handle.step}", daemon=False)
+    try:
+        writer.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown"
+        run()
+
+
+def _finished(step: int, path: Path) -> SaveHandle:
+    future: Future = Future()
+    future.set_result(path)
+    return SaveHandle(step, future)
+
+
+def _positive(name: str, value: Any) -> int | None:
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return value
+
+
+class CheckpointManager:
+    """Checkpoint sets of one training run, one folder per step under ``directory``.
+
+    Args:
+        directory: where the sets live (created if missing). Leftovers of killed saves are
+            removed here and after every commit (never a folder a live save holds).
+        keep_last: after each commit, keep only this many newest sets (``None``: keep all).
+        keep_every: also keep every set whose step is a multiple of this.
+        key: sign every set with this 32-byte key (blocking and background saves), and
+            accept only sets signed with it: :meth:`latest` and :meth:`restore` pass over
+            (with a :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning`) every
+            set that does not authenticate. Only keys derived from it are kept, and
+            never shown.
+
+    Raises:
+        CheckpointError: ``key`` is not 32 bytes.
+        ValueError: ``keep_last`` or ``keep_every`` is not a positive integer.
+
+    Example:
+        >>> manager = CheckpointManager("run/checkpoints", keep_last=3)    # doctest: +SKIP
+        >>> manager.save(step, model=model, optimizer=opt, blocking=False)  # doctest: +SKIP
+        >>> restored = manager.restore(model=model, optimizer=opt)          # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        key: bytes | None = None,
+    ):
+        self._key = as_key(key)
+        self.directory = Path(directory)
+        self.keep_last = _positive("keep_last", keep_last)
+        self.keep_every = _positive("keep_every", keep_every)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(self.directory)
+        self._snapshotter = Snapshotter()
+        self._pending: SaveHandle | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ saving
+
+    def save(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        random_counter: int | None = None,
+        extra: Any = None,
+        blocking: bool = True,
+        overwrite: bool = False,
+    ) -> SaveHandle:
+        """Save the training state as the set of ``step``.
+
+        Args:
+            step: the training step (a u64); its set must not exist unless ``overwrite``.
+            model: the model (its state: ``TLSF32B`` when float32, else exact-bits JSON).
+            optimizer: its Adam/AdamW optimizer, if any.
+            scheduler: its learning-rate scheduler, if any (``state_dict`` of JSON values).
+            random_counter: the run's random counter, if it has one.
+            extra: anything else of JSON values (exactly, or refused).
+            blocking: write and commit before returning (default); ``False``: copy the state
+                off the live tensors, return, and write in the background.
+            overwrite: replace an existing set of ``step``.
+
+        Returns:
+            The save's handle (already done when blocking).
+
+        Raises:
+            CheckpointError: a training-state value cannot be saved exactly (at the call,
+                blocking or not), or the model or optimizer cannot be written to their files
+                (blocking: here; in the background: by the handle, the next ``save`` and
+                :meth:`wait`) — nothing is committed either way; or the previous background
+                save's failure, not yet reported.
+            FileExistsError: the step has a set and ``overwrite`` is false.
+            OSError: from the file system (blocking).
+        """
+        step = check_step(step)
+        with self._lock:
+            self._settle(raise_failure=True)
+            if not overwrite and os.path.lexists(set_path(self.directory, step)):
+                raise FileExistsError(
+                    errno.EEXIST,
+                    f"step {step} has a checkpoint set already (pass overwrite=True to replace it)",
+                    str(set_path(self.directory, step)),
+                )
+            if blocking:
+                source = live_source(step, model, optimizer, scheduler, random_counter, extra)
+                target = set_path(self.directory, step)
+                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
+                self._retain(step)
+                return _finished(step, path)
+            snapshot = self._snapshotter.capture(model, optimizer)
+            live = live_source(step, model, optimizer, scheduler, random_counter, extra)
+            source = snapshot_source(live, snapshot)
+
+            def background() -> Path:
+                snapshot.wait()
+                target = set_path(self.directory, step)
+                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
+                self._retain(step)
+                return path
+
+            handle = SaveHandle(step, Future(), self.directory)
+            _start_writer(background, handle)
+            self._pending = handle
+            return handle
+
+    def wait(self) -> None:
+        """Block until no save is in flight.
+
+        Raises:
+            The in-flight (or last) background save's failure, if its handle has not
+            raised it already.
+        """
+        with self._lock:
+            self._settle(raise_failure=True)
+
+    def _settle(self, *, raise_failure: bool) -> None:
+        """Wait for the save in flight; with ``raise_failure``, raise its failure if nobody
+        has been told of it yet (else it stays to be raised later)."""
+        handle = self._pending
+        if handle is None:
+            return
+        handle._future.exception()  # waits for the end, raises nothing
+        if not raise_failure:
+            return
+        self._pending = None
+        error = handle._unreported_error()
+        if error is not None:
+            raise error
+
+    def _retain(self, committed: int) -> None:
+        """Apply the retention policy after ``committed`` was committed, and remove
+        leftovers. Failures here do not undo the commit: they are warnings."""
+        try:
+            victims = retention_victims(
+                committed_steps(self.directory), self.keep_last, self.keep_every, committed
+            )
+            for step in victims:
+                remove_set(self.directory, step)
+            clean_leftovers(self.directory)
+        except OSError as exc:
+            warnings.warn(
+                f"retention after step {committed} could not remove every old set: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------ reading
+
+    def steps(self) -> list[int]:
+        """The committed sets' steps, ascending (a set whose manifest parses; not verified)."""
+        return committed_steps(self.directory)
+
+    def latest(self) -> int | None:
+        """The newest set that verifies (every member's size and digest), or ``None``.
+
+        Every newer set passed over is named in a
+        :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning` with the member and
+        the check that failed.
+        """
+        return latest_verified(self.directory, key=self._key)
+
+    def restore(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        step: int | None = None,
+        rng: bool = False,
+    ) -> Restored:
+        """Restore a set into the live objects in one call, all or nothing.
+
+        The set's members are verified (size and digest) before anything live changes;
+        then the model, the optimizer, the scheduler, every param group's hyperparameters
+        (``lr`` included) and, with ``rng``, the global random states are written in one
+        block with Ctrl-C held back. A save in flight is waited for first.
+
+        Args:
+            model, optimizer, scheduler: the live objects (built as for the saved run).
+            step: the set to restore; ``None``: the newest that verifies (newer damaged or
+                incomplete sets are passed over, each named in a warning).
+            rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.
+
+        Returns:
+            The set's step, random counter and ``extra``.
+
+        Raises:
+            CheckpointError: the set does not verify (``step`` given), none verifies, or
+                the set does not fit the objects (names, shapes, optimizer, groups,
+                scheduler); nothing live has changed.
+            OSError: from the file system; nothing live has changed.
+        """
+        with self._lock:
+            self._settle(raise_failure=False)
+        targets = Targets(model, optimizer, scheduler, rng)
+        if step is None:
+            return restore_latest(self.directory, targets, key=self._key)
+        return restore_set(set_path(self.directory, step), targets, key=self._key)

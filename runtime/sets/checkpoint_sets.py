@@ -1,0 +1,129 @@
+"""Checkpoint sets, torch side: a whole training state written as one set, and restored from
+one, all or nothing.
+
+Writing (:func:`write_set`) takes a :class:`SetSource`: the live objects (a blocking save)
+or a :class:`~.snapshot.Snapshot` of them (a background save) — the same code writes both.
+Members go through the public save functions into the codec's digesting writers
+(:class:`~tlckpt.codec.sets.checkpoint_set.SetWriter`), the training-state document is written,
+then the manifest commits the set.
+
+Restoring (:func:`restore_set`) has two phases:
+
+1. *open*: the manifest is read, every member opened and its size checked, the small members
+   hashed (the training-state document is parsed next). A failure here means the set is
+   damaged or incomplete (a caller asking for the latest set falls back to the previous one);
+2. *fit and commit*: the manifest's tensor names and shapes are compared with the model's
+   (same shapes under other names is refused), the scheduler, param groups and random
+   states are checked against the live objects, the model and optimizer loads are planned
+   (staged, off to the side) by reading the large members through digesting readers — the
+   bytes hashed are the bytes loaded, in one pass; a plan that fails on a damaged member
+   reports the digest, and the fallback applies. Every digest is then completed and
+   compared, the members are checked not to have changed since, and only then does one
+   commit block (Ctrl-C held back) write the scheduler, the model, the optimizer, the param
+   groups' hyperparameters and the random states.
+
+Models holding DTensors are saved and restored as collectives, like the file functions:
+every rank calls, rank 0 writes and reads the files, and the manifest is committed only
+after every rank has confirmed its part.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...codec.sets.set_keys import as_key
+
+# Writing and restoring live in their own modules; this one offers the public functions
+# and names all of them.
+from .set_restoring import Restored, Targets, restore_set
+from .set_writing import live_source, write_set
+
+__all__ = ["save_checkpoint", "load_checkpoint"]
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    random_counter: int | None = None,
+    extra: Any = None,
+    step: int = 0,
+    overwrite: bool = False,
+    key: bytes | None = None,
+) -> Path:
+    """Save a whole training state as one checkpoint set: the folder ``path``, committed
+    atomically (a crash leaves the previous set at ``path`` — or none — or the new one, and
+    a recognisable leftover that the next save into the same folder removes).
+
+    Args:
+        path: the set's folder; it must not exist unless ``overwrite``.
+        model: the model (``TLSF32B`` when float32, else exact-bits JSON).
+        optimizer: its Adam/AdamW optimizer, if any.
+        scheduler: its learning-rate scheduler, if any.
+        random_counter: the run's random counter, if it has one.
+        extra: anything else, of JSON values (exactly, or refused).
+        step: the step the set records.
+        overwrite: replace an existing set at ``path`` (a symbolic link there is replaced,
+            its target untouched).
+        key: sign the set with this 32-byte key (members digested with keyed BLAKE3 as
+            they are written, the manifest authenticated); it then loads only with the key.
+
+    Returns:
+        The set's folder.
+
+    Raises:
+        CheckpointError: something cannot be saved exactly (named), or ``key`` is not 32
+            bytes; nothing is written.
+        FileExistsError: ``path`` exists and ``overwrite`` is false.
+        OSError: from the file system; nothing is committed.
+
+    Example:
+        >>> save_checkpoint("ckpt", model=model, optimizer=opt, step=100)  # doctest: +SKIP
+    """
+    key = as_key(key)
+    source = live_source(step, model, optimizer, scheduler, random_counter, extra)
+    return write_set(path, step, source, overwrite=overwrite, key=key)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    rng: bool = False,
+    key: bytes | None = None,
+) -> Restored:
+    """Verify the checkpoint set at ``path`` and restore it, all or nothing.
+
+    Every member's size and digest is checked before anything live changes; the model and
+    optimizer loads are read from the very handles that were hashed; the model, optimizer,
+    scheduler, every param group's ``lr`` and other values the live group has (the
+    optimizer member's hyperparameters must agree with the document; execution flags stay
+    the live run's) and, with ``rng``, the global random states (each checked whole first)
+    are then written in one block with Ctrl-C held back.
+
+    Args:
+        path: the set's folder.
+        model, optimizer, scheduler: the live objects, built as for the saved run.
+        rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.
+        key: the 32-byte key the set was signed with; ``None`` for an unsigned set.
+
+    Returns:
+        The set's step, random counter and ``extra``.
+
+    Raises:
+        KeyRequiredError: the set is signed and no key was given.
+        IntegrityError: a member is missing or damaged (named, with the check); with
+            ``key``, the set is signed with another key, was edited, or is not signed.
+        CheckpointError: the set is malformed or does not fit the objects (tensor names or
+            shapes, optimizer, param groups, scheduler, random states); nothing has changed.
+        OSError: from the file system; nothing has changed.
+    """
+    return restore_set(path, Targets(model, optimizer, scheduler, rng), key=key)

@@ -1,0 +1,277 @@
+"""Restoring a checkpoint set into torch objects, all or nothing: the two phases of
+:mod:`.checkpoint_sets`' docstring, one set (:func:`restore_set`) or the newest that verifies
+(:func:`restore_latest`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...codec.errors import CheckpointError, SchemaMismatchError
+from ...codec.sets.checkpoint_set import VerifiedSet, newest_usable
+from ...codec.sets.set_documents import parse_manifest, parse_training_state
+from ...codec.sets.set_folders import set_path
+from ...codec.sets.set_keys import as_key
+from ...formats.checkpoint_set import (
+    MAX_MANIFEST_BYTES,
+    MAX_TRAINING_STATE_BYTES,
+    MODEL_FLOAT32_FILE,
+)
+from ..commit.plans import committing
+from ..ops import bits_files, float32_files, optimizer_files
+from ..ops.state_tensors import require_module, state_tensors
+from ..placement.choice import placement_for
+from ..placement.collectives import broadcast_bytes, is_writer
+from ..placement.local_placement import LOCAL
+from ..placement.placement_protocol import Placement
+from . import training_state
+
+__all__ = ["Restored", "Targets", "restore_set", "restore_latest"]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore returns besides the state it put back.
+
+    Attributes:
+        step: the set's step.
+        random_counter: the run's random counter saved with it, or ``None``.
+        extra: the caller's ``extra`` saved with it, or ``None``.
+    """
+
+    step: int
+    random_counter: int | None
+    extra: Any
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The live objects a set is restored into.
+
+    Attributes:
+        model: the model.
+        optimizer: its optimizer, or ``None``.
+        scheduler: its learning-rate scheduler, or ``None``.
+        rng: also restore the global random states.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    rng: bool = False
+
+
+class _Unverified(Exception):
+    """Phase 1 failed: the set is damaged or incomplete (``__cause__`` says how)."""
+
+
+def _check_names(manifest_state: Any, model: torch.nn.Module) -> None:
+    live = [(n, tuple(t.shape)) for n, t in state_tensors(model)]
+    saved = list(manifest_state)
+    if live == saved:
+        return
+    if len(live) != len(saved):
+        raise SchemaMismatchError(
+            f"the set holds {len(saved)} state tensors, the model has {len(live)}",
+            field="state",
+            actual=len(live),
+            expected=len(saved),
+        )
+    i = next(k for k, (a, b) in enumerate(zip(live, saved)) if a != b)
+    what = "names" if live[i][1] == saved[i][1] else "shapes"
+    raise SchemaMismatchError(
+        f"state tensor {i} is {saved[i][0]!r} {list(saved[i][1])} in the set and"
+        f" {live[i][0]!r} {list(live[i][1])} in the model: the {what} differ (a model whose"
+        " layers are registered in another order is refused even when the shapes agree)",
+        field=f"state[{i}]",
+        actual=live[i],
+        expected=saved[i],
+    )
+
+
+def restore_set(
+    folder: str | os.PathLike,
+    targets: Targets,
+    *,
+    fallback: bool = False,
+    key: Any = None,
+) -> Restored:
+    """Verify the set in ``folder`` and restore it into the live objects, all or nothing.
+
+    Args:
+        fallback: raise phase-1 failures as :class:`_Unverified` (the caller moves on to
+            an older set) rather than as they are (a set that does not authenticate with
+            ``key`` is one).
+        key: the key the set must be signed with (32 bytes or a ``SetKey``); ``None``: it
+            must be unsigned.
+
+    Raises:
+        CheckpointError: the set does not verify (the member and the check named), or does
+            not fit the objects; nothing live has changed.
+        OSError: from the file system; nothing live has changed.
+    """
+    require_module(targets.model)
+    key = as_key(key)  # a bad key is the caller's error, never a set to pass over
+    placement = placement_for(targets.model)
+    if placement is not LOCAL:
+        return _restore_sharded(placement, folder, targets, key)
+    with contextlib.ExitStack() as stack:
+        try:
+            verified = stack.enter_context(VerifiedSet.open(folder, streaming=True, key=key))
+            state = verified.training_state()
+        except (CheckpointError, OSError) as exc:
+            if fallback:
+                raise _Unverified() from exc
+            raise
+
+        def digests_verified() -> None:
+            try:
+                verified.finish_digests()
+            except (CheckpointError, OSError) as exc:
+                if fallback:
+                    raise _Unverified() from exc
+                raise
+
+        return _fit_and_commit(
+            placement,
+            verified,
+            state,
+            verified.manifest,
+            targets,
+            digests_verified,
+        )
+
+
+def _fit_and_commit(
+    placement: Placement,
+    verified: VerifiedSet | None,
+    state: Any,
+    manifest: Any,
+    targets: Targets,
+    digests_verified: Callable[[], None] = lambda: None,
+) -> Restored:
+    """Phase 2 (see :mod:`.checkpoint_sets`); ``verified`` is ``None`` on a rank that does not
+    read the files.
+
+    Args:
+        digests_verified: returns once the members' digests (hashed while the loads are
+            planned from the same handles) have been checked, or raises why not. A damaged
+            member takes precedence over the error its plan raised: it is why the plan
+            failed.
+    """
+
+    model, optimizer = targets.model, targets.optimizer
+
+    def member(role: str) -> Any:
+        if verified is None:
+            return Path(manifest.members[role].file)  # never opened on this rank
+        return verified.file(role)
+
+    def fits() -> training_state.Application:
+        _check_names(manifest.state, model)
+        if optimizer is not None and "optimizer" not in manifest.members:
+            raise CheckpointError("an optimizer was given, and the set holds no optimizer member")
+        return training_state.prepare(state, optimizer, targets.scheduler, targets.rng)
+
+    application = placement.agree(fits)  # every rank goes on, or every rank raises
+    with contextlib.ExitStack() as plans:
+        try:
+            if manifest.members["model"].file == MODEL_FLOAT32_FILE:
+                model_plan = float32_files.plan_load(placement, model, member("model"), staged=True)
+            else:
+                model_plan = bits_files.plan_load(placement, model, member("model"))
+            plans.enter_context(model_plan)
+            optimizer_plan = None
+            if optimizer is not None:
+                # The member's hyperparameters are the truth: read, not compared with the
+                # live optimizer's (a fresh one has its defaults), installed below.
+                optimizer_plan = optimizer_files.plan_load(
+                    placement, optimizer, model, member("optimizer"), False, adopt_config=True
+                )
+                plans.enter_context(optimizer_plan)
+        except (CheckpointError, OSError):
+            digests_verified()  # a damaged member is the reason, if there is one
+            raise
+        digests_verified()
+        if verified is not None:
+            placement.agree(verified.confirm_unchanged)
+        else:
+            placement.agree(lambda: None)
+        if optimizer_plan is not None:
+            member_groups = optimizer_plan.member_groups
+            placement.agree(lambda: application.adopt_member(member_groups))
+        with committing():
+            application.apply_scheduler()
+            model_plan.commit()
+            if optimizer_plan is not None:
+                optimizer_plan.commit()
+            application.apply()
+    extra = state.extra
+    return Restored(state.step, state.random_counter, extra)
+
+
+def _restore_sharded(
+    placement: Placement,
+    folder: str | os.PathLike,
+    targets: Targets,
+    key: Any = None,
+) -> Restored:
+    """Rank 0 opens the set once, verifying (and authenticating) it and parsing its
+    documents; the other ranks get the very bytes it verified and parse them; every rank
+    plans and commits (the loads are collectives)."""
+    with contextlib.ExitStack() as stack:
+
+        def verify() -> tuple[VerifiedSet, Any] | None:
+            if not is_writer():
+                return None
+            opened = stack.enter_context(VerifiedSet.open(folder, key=key))
+            return opened, opened.training_state()
+
+        checked = placement.agree(verify)
+        if checked is not None:  # rank 0: what it verified, parsed once
+            verified, state = checked
+            manifest = verified.manifest
+            broadcast_bytes(verified.manifest_bytes)
+            broadcast_bytes(verified.file("training_state").read())  # the handle it checked
+            return _fit_and_commit(placement, verified, state, manifest, targets)
+        manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
+        state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
+        return _fit_and_commit(placement, None, state, manifest, targets)
+
+
+def restore_latest(
+    directory: str | os.PathLike,
+    targets: Targets,
+    *,
+    key: Any = None,
+) -> Restored:
+    """Restore the newest set that verifies (with ``key``: authenticates), passing over
+    (with a warning naming the set, the member and the check) every newer one that does
+    not; sets that vanish meanwhile (another process's retention) make it look at the
+    directory again, a bounded number of times
+    (:func:`~tlckpt.codec.sets.checkpoint_set.newest_usable`).
+
+    Raises:
+        CheckpointError: no set verifies; or the newest verified set does not fit the
+            objects (not a reason to fall back: an older one would not fit either).
+    """
+    key = as_key(key)
+    # Listed again where sets vanish while they are tried (another process's retention).
+    found = newest_usable(
+        directory,
+        lambda step: restore_set(set_path(directory, step), targets, fallback=True, key=key),
+        (_Unverified,),
+        reason=lambda skipped: skipped.__cause__ or skipped,
+    )
+    if found is not None:
+        return found[1]
+    raise CheckpointError(
+        f"no checkpoint set in {os.fspath(directory)} verifies", path=os.fspath(directory)
+    )

@@ -1,0 +1,193 @@
+"""Writing a checkpoint set from torch objects: the source of a save (the live objects, or a
+snapshot of them) and :func:`write_set`, through the operations a restore reads with
+(:mod:`..ops`, over one placement chosen per save) into the codec's
+:class:`~tlckpt.codec.sets.set_commit.SetWriter` (see :mod:`.checkpoint_sets`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...codec.fileio.gcpause import without_gc
+from ...codec.sets.set_commit import SetWriter
+from ...formats.checkpoint_set import (
+    MODEL_BITS_FILE,
+    MODEL_BITS_VERSION,
+    MODEL_FLOAT32_FILE,
+    OPTIMIZER_FILE,
+    TRAINING_STATE_FAMILY,
+    TRAINING_STATE_FILE,
+    TRAINING_STATE_VERSION,
+)
+from ...formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
+from ..binding.tensors import file_dtype_of
+from ..ops import bits_files, float32_files, optimizer_files
+from ..ops.state_tensors import require_module, state_tensors
+from ..placement.choice import placement_for
+from ..placement.local_placement import LOCAL
+from ..placement.placement_protocol import Placement
+from . import training_state
+from .snapshot import Snapshot
+
+__all__ = ["SetSource", "live_source", "snapshot_source", "write_set"]
+
+
+@dataclass
+class SetSource:
+    """What a set is written from.
+
+    Attributes:
+        model: the module, or a snapshot's mapping of state names to copies.
+        params: what the optimizer's writer binds to (the module, or the copies of its
+            parameter slots).
+        optimizer: the optimizer (live or stand-in), or ``None``.
+        state: the state tensors' names and shapes, in file order (for the manifest).
+        float32: whether the model member is ``TLSF32B`` (else exact-bits JSON).
+        training_state: the training-state member's bytes, captured at the call.
+        sharded: whether the model holds DTensors (every rank takes part).
+    """
+
+    model: Any
+    params: Any
+    optimizer: torch.optim.Optimizer | None
+    state: list[tuple[str, tuple[int, ...]]]
+    float32: bool
+    training_state: bytes
+    sharded: bool = False
+
+
+def _described(model: Any) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
+    named = state_tensors(model)
+    return [(n, tuple(t.shape)) for n, t in named], file_dtype_of(named) in (None, torch.float32)
+
+
+def live_source(
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    random_counter: int | None,
+    extra: Any,
+) -> SetSource:
+    """A source over the live objects (a blocking save reads them while it writes).
+
+    Raises:
+        CheckpointError: the model is not a module, or a training-state value cannot be
+            saved exactly (named).
+    """
+    require_module(model)
+    state, float32 = _described(model)
+    data = training_state.capture(step, optimizer, scheduler, random_counter, extra)
+    placement = placement_for(model)
+    return SetSource(model, model, optimizer, state, float32, data, placement is not LOCAL)
+
+
+def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
+    """``live`` with a snapshot's copies, taken at the call, in place of the live objects
+    (a background save: the copies are written by this process alone).
+
+    Args:
+        live: the source over the live objects (:func:`live_source`).
+        snapshot: the copies of its model's state and optimizer.
+    """
+    return replace(
+        live,
+        model=snapshot.state,
+        params=snapshot.params,
+        optimizer=snapshot.optimizer,
+        sharded=False,
+    )
+
+
+@without_gc
+def _write_members(writer: SetWriter | None, source: SetSource, target: Path) -> None:
+    """Every member through the save operations, over the placement of the model (sharded:
+    every rank takes part); ``writer`` is ``None`` on a rank that does not touch the files
+    (it takes part in the collectives only)."""
+    placement: Placement = placement_for(source.model)
+
+    def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
+        if writer is None:
+            return contextlib.nullcontext(target / file)  # never opened on this rank
+        return writer.member(role, file, version, family)
+
+    model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
+    model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
+    with destination("model", model_file, model_version) as f:
+        if source.float32:
+            float32_files.save(placement, source.model, f)
+        else:
+            bits_files.save(placement, source.model, f, pretty=False)
+    if source.optimizer is not None:
+        with destination("optimizer", OPTIMIZER_FILE) as f:
+            version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
+        if writer is not None:
+            writer.set_version("optimizer", version)
+    if writer is not None:
+        with writer.member(
+            "training_state", TRAINING_STATE_FILE, TRAINING_STATE_VERSION, TRAINING_STATE_FAMILY
+        ) as f:
+            f.write(source.training_state)
+
+
+def write_set(
+    path: str | os.PathLike,
+    step: int,
+    source: SetSource,
+    *,
+    overwrite: bool = False,
+    key: Any = None,
+) -> Path:
+    """Write and commit the set of ``step`` as the folder ``path`` (see the module
+    docstring); signed with ``key`` (32 bytes, or a ``SetKey``) when given.
+
+    Returns:
+        The committed set's folder.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is false.
+        CheckpointError: a member could not be written (named); nothing is committed.
+        OSError: from the file system; nothing is committed.
+    """
+    if not source.sharded:
+        with SetWriter(path, step, overwrite=overwrite, key=key) as writer:
+            _write_members(writer, source, Path(writer.path))
+            return writer.commit(source.state)
+    return _write_sharded(path, step, source, overwrite, key)
+
+
+def _write_sharded(
+    path: str | os.PathLike, step: int, source: SetSource, overwrite: bool, key: Any = None
+) -> Path:
+    """Every rank writes its part through the collective save functions; rank 0 commits
+    the manifest once every rank has confirmed (every member's bytes pass through rank 0's
+    digesting writers, keyed when the set is signed)."""
+    from ..placement.collectives import is_writer, share_verdict, world_size
+
+    with contextlib.ExitStack() as stack:
+        writer: SetWriter | None = None
+        error: BaseException | None = None
+        if is_writer():
+            try:
+                writer = stack.enter_context(SetWriter(path, step, overwrite=overwrite, key=key))
+            except Exception as exc:  # shared below: every rank raises it
+                error = exc
+        share_verdict(error)
+        target = Path(writer.path) if writer is not None else Path(path)
+        _write_members(writer, source, target)  # collectives: every rank, same order
+        share_verdict(None)  # every rank's part is written
+        error = None
+        final = Path(path)
+        if writer is not None:
+            try:
+                final = writer.commit(source.state, world_size())
+            except Exception as exc:  # shared below
+                error = exc
+        share_verdict(error)
+        return final
