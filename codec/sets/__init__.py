@@ -3,7 +3,7 @@
 Holds the documents (:mod:`.set_documents`, :mod:`.set_document_checks`,
 :mod:`.exact_values`, :mod:`.rng_states`), keys and digests (:mod:`.set_keys`,
 :mod:`.set_digests`), the folders (:mod:`.set_folders`), the commit (:mod:`.set_commit`) and
-a set's verification (:mod:`.checkpoint_set`). numpy-free.
+a set's verification (:mod:`.checkpoint_set`). torch-free (verification needs no torch).
 
 May import: ``formats``, the codec's faces (:mod:`..errors`, :mod:`..families`,
 :mod:`..inspection`), :mod:`..fileio`, :mod:`..exact_json`.

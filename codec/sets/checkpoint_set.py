@@ -1,5 +1,5 @@
 """Checkpoint sets on disk: the commit protocol, listing, verification, leftovers, removal
-(numpy-free, torch-free: ``verify_checkpoint`` and ``tlckpt ls/verify`` need neither).
+(torch-free: ``verify_checkpoint`` and ``tlckpt ls/verify`` work without torch).
 
 Commit protocol of a set (:class:`SetWriter`), the folder-level twin of
 :func:`~.atomic.atomic_output`:

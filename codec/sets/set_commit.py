@@ -1,6 +1,5 @@
 """Writing and removing checkpoint sets: :class:`SetWriter` (the commit protocol of
-:mod:`.checkpoint_set`), :func:`remove_set` and :func:`clean_leftovers` (numpy-free,
-torch-free).
+:mod:`.checkpoint_set`), :func:`remove_set` and :func:`clean_leftovers` (torch-free).
 """
 
 from __future__ import annotations

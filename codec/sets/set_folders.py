@@ -1,5 +1,5 @@
 """Checkpoint-set folders by name: the step's folder, listing the committed sets, reading a
-set's manifest, and the retention policy (numpy-free, torch-free).
+set's manifest, and the retention policy (torch-free).
 """
 
 from __future__ import annotations

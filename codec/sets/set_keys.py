@@ -1,5 +1,5 @@
 """Keys of signed checkpoint sets (:mod:`tlckpt.formats.checkpoint_set`): checking the
-caller's key, reading a key file, and the hashes made from a key (numpy-free, torch-free).
+caller's key, reading a key file, and the hashes made from a key (torch-free).
 
 The key itself is never kept once the three derived values are made, never shown
 (:class:`SetKey`'s ``repr`` names the key id only) and never pickled.
