@@ -35,6 +35,7 @@ from pathlib import Path
 #: docstrings say so): module → the top-level packages it may find missing.
 NEEDS = {
     "tlckpt.testing.strategies": {"hypothesis"},
+    "tlckpt.testing.value_strategies": {"hypothesis"},
     "tlckpt.testing.models": {"torch"},
     "tlckpt.testing.bitwise": {"torch"},
     "tlckpt.testing.recipes": {"torch", "transformers"},

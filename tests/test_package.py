@@ -164,3 +164,28 @@ def test_the_library_never_imports_the_development_trees() -> None:
         if name.split(".")[:2] in (["tlckpt", top] for top in DEVELOPMENT_ONLY)
     ]
     assert offenders == []
+
+
+def test_the_wheel_smoke_knows_every_test_helper_with_a_development_import() -> None:
+    """``.ci/wheel_smoke.py`` lets a ``tlckpt.testing`` module fail to import only for the
+    packages it lists: a helper that imports a development-only package (hypothesis,
+    transformers) and is missing there fails CI after the suite, on the installed wheel."""
+    import importlib.util
+
+    root = Path(tlckpt.__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("wheel_smoke", root / ".ci" / "wheel_smoke.py")
+    assert spec is not None and spec.loader is not None
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    development = {"hypothesis", "transformers"}
+    for path in sorted((root / "testing").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+        needed = imported & development
+        if needed and path.stem != "__init__":
+            module = f"tlckpt.testing.{path.stem}"
+            assert needed <= smoke.NEEDS.get(module, set()), (module, needed)
