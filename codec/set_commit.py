@@ -13,7 +13,7 @@ import re
 import shutil
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +213,38 @@ class SetWriter:
         data = build_manifest(
             self.step, library_name(), self.records(), state, world_size, self.key
         )
+        return self._commit_manifest(data)
+
+    def commit_v2(
+        self,
+        structure: dict[str, Any],
+        details: dict[str, dict[str, Any]],
+        world_size: int = 1,
+    ) -> Path:
+        """:meth:`commit` with a version-2 manifest (:mod:`.set_manifest_v2`).
+
+        Args:
+            structure: role → ``(kind, keys)`` or ``None``.
+            details: member role → the version-2 fields of its record (``tensors`` and
+                ``tied`` of a model, ``models`` and ``groups`` of an optimizer).
+            world_size: how many processes saved the set.
+
+        Raises:
+            As :meth:`commit`.
+        """
+        from .set_manifest_v2 import build_manifest_v2  # it builds on set_documents
+
+        records = {
+            role: replace(record, **details.get(role, {}))
+            for role, record in self.records().items()
+        }
+        data = build_manifest_v2(
+            self.step, library_name(), records, structure, world_size, self.key
+        )
+        return self._commit_manifest(data)
+
+    def _commit_manifest(self, data: bytes) -> Path:
+        """Write the manifest's bytes, then the rename (see :meth:`commit`)."""
         with self._file(MANIFEST_FILE) as f:
             f.write(data)
         if self.durable:

@@ -37,6 +37,7 @@ from ..formats.checkpoint_set import (
     RNG_KEYS,
     SET_FORMAT,
     SET_VERSION,
+    SET_VERSION_2,
     SIGNED_MANIFEST_KEYS,
     STEP_MAX,
     TRAINING_STATE_FORMAT,
@@ -92,6 +93,15 @@ class MemberRecord:
     version: int
     size: int
     digest: str
+    # Version-2 manifests only (``None`` in version 1): see ``formats.checkpoint_set``.
+    #: A model member's state tensors ``(name, shape)``, ``state_dict`` order.
+    tensors: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    #: A model member's tied names: name → the earlier name it is one tensor with.
+    tied: dict[str, str] | None = None
+    #: An optimizer member's model keys (the models holding its parameters).
+    models: tuple[str, ...] | None = None
+    #: An optimizer member's number of param groups.
+    groups: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,11 @@ class Manifest:
     state: tuple[tuple[str, tuple[int, ...]], ...]
     world_size: int
     key_id: str | None = None
+    #: The manifest's version (1, or 2: :data:`~tlckpt.formats.checkpoint_set.SET_VERSION_2`).
+    version: int = 1
+    #: Version 2: role → ``(kind, keys)`` (or ``None`` for a role not given); version 1:
+    #: ``None`` (one model, at most one optimizer and scheduler, each given as one object).
+    structure: dict[str, tuple[str, tuple[str, ...]] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -229,6 +244,12 @@ def parse_manifest(
         KeyRequiredError: with ``authenticate``, the set is signed and ``key`` is ``None``.
     """
     document = parse_json_document(data, "manifest", limit)
+    version = document.get("version")
+    if document.get("format") == SET_FORMAT and type(version) is int and version == SET_VERSION_2:
+        # Imported here: the version-2 reader builds on this module's field checks.
+        from .set_manifest_v2 import parse_manifest_v2
+
+        return parse_manifest_v2(data, document, key, authenticate=authenticate)
     check_format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
     signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
     key_id = None

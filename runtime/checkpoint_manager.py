@@ -29,8 +29,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..codec.checkpoint_set import (
     check_step,
     clean_leftovers,
@@ -44,12 +42,12 @@ from ..codec.set_keys import as_key
 from .checkpoint_sets import (
     Restored,
     Targets,
-    live_source,
     restore_latest,
     restore_set,
     snapshot_source,
-    write_set,
 )
+from .multi_sets import StructuredSource, set_source, snapshot_structured, write_any
+from .set_structure import MODEL_FORMATS
 from .snapshot import Snapshotter
 
 __all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
@@ -131,6 +129,9 @@ class CheckpointManager:
             removed here and after every commit (never a folder a live save holds).
         keep_last: after each commit, keep only this many newest sets (``None``: keep all).
         keep_every: also keep every set whose step is a multiple of this.
+        model_format: each model member's family (see :func:`save_checkpoint`):
+            ``"auto"`` (``TLSF32B`` for float32 models, the safetensors layout otherwise),
+            ``"torchlean"`` (``TLSF32B`` or exact-bits JSON), ``"safetensors"``.
         key: sign every set with this 32-byte key (blocking and background saves), and
             accept only sets signed with it: :meth:`latest` and :meth:`restore` pass over
             (with a :class:`~tlckpt.codec.checkpoint_set.SkippedCheckpointWarning`) every
@@ -139,7 +140,8 @@ class CheckpointManager:
 
     Raises:
         CheckpointError: ``key`` is not 32 bytes.
-        ValueError: ``keep_last`` or ``keep_every`` is not a positive integer.
+        ValueError: ``keep_last`` or ``keep_every`` is not a positive integer, or
+            ``model_format`` is unknown.
 
     Example:
         >>> manager = CheckpointManager("run/checkpoints", keep_last=3)    # doctest: +SKIP
@@ -153,8 +155,12 @@ class CheckpointManager:
         *,
         keep_last: int | None = None,
         keep_every: int | None = None,
+        model_format: str = "auto",
         key: bytes | None = None,
     ):
+        if model_format not in MODEL_FORMATS:
+            raise ValueError(f"model_format must be one of {MODEL_FORMATS}, not {model_format!r}")
+        self.model_format = model_format
         self._key = as_key(key)
         self.directory = Path(directory)
         self.keep_last = _positive("keep_last", keep_last)
@@ -172,8 +178,8 @@ class CheckpointManager:
         self,
         step: int,
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        model: Any,
+        optimizer: Any = None,
         scheduler: Any = None,
         random_counter: int | None = None,
         extra: Any = None,
@@ -184,9 +190,11 @@ class CheckpointManager:
 
         Args:
             step: the training step (a u64); its set must not exist unless ``overwrite``.
-            model: the model (its state: ``TLSF32B`` when float32, else exact-bits JSON).
-            optimizer: its Adam/AdamW optimizer, if any.
-            scheduler: its learning-rate scheduler, if any (``state_dict`` of JSON values).
+            model: the model (its member's family: the manager's ``model_format``); or a
+                sequence or mapping of models.
+            optimizer: its optimizer, if any; or a sequence or mapping of optimizers.
+            scheduler: its learning-rate scheduler, if any (``state_dict`` of JSON values);
+                or a sequence or mapping of them.
             random_counter: the run's random counter, if it has one.
             extra: anything else of JSON values (exactly, or refused).
             blocking: write and commit before returning (default); ``False``: copy the state
@@ -214,20 +222,25 @@ class CheckpointManager:
                     f"step {step} has a checkpoint set already (pass overwrite=True to replace it)",
                     str(set_path(self.directory, step)),
                 )
+            fmt = self.model_format
             if blocking:
-                source = live_source(step, model, optimizer, scheduler, random_counter, extra)
+                source = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
                 target = set_path(self.directory, step)
-                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
+                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
                 self._retain(step)
                 return _finished(step, path)
-            snapshot = self._snapshotter.capture(model, optimizer)
-            live = live_source(step, model, optimizer, scheduler, random_counter, extra)
-            source = snapshot_source(live, snapshot)
+            live = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
+            snapshot: Any
+            if isinstance(live, StructuredSource):
+                snapshot, source = snapshot_structured(self._snapshotter, live)
+            else:
+                snapshot = self._snapshotter.capture(model, optimizer)
+                source = snapshot_source(live, snapshot)
 
             def background() -> Path:
                 snapshot.wait()
                 target = set_path(self.directory, step)
-                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
+                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
                 self._retain(step)
                 return path
 
@@ -298,8 +311,8 @@ class CheckpointManager:
     def restore(
         self,
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        model: Any,
+        optimizer: Any = None,
         scheduler: Any = None,
         step: int | None = None,
         rng: bool = False,
@@ -312,7 +325,9 @@ class CheckpointManager:
         block with Ctrl-C held back. A save in flight is waited for first.
 
         Args:
-            model, optimizer, scheduler: the live objects (built as for the saved run).
+            model, optimizer, scheduler: the live objects (built as for the saved run),
+                in the structure they were saved in (one object, a sequence, a mapping of
+                the same keys); another structure is refused, nothing changed.
             step: the set to restore; ``None``: the newest that verifies (newer damaged or
                 incomplete sets are passed over, each named in a warning).
             rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.

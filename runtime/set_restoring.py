@@ -25,6 +25,7 @@ from ..codec.set_keys import as_key
 from ..formats.checkpoint_set import MODEL_FLOAT32_FILE
 from . import bits_files, float32_files, optimizer_files, training_state
 from .local_placement import LOCAL
+from .multi_sets import restore_structured, targets_structured
 from .placement import Placement, placement_for
 from .plans import committing
 from .set_writing import require_module
@@ -114,9 +115,11 @@ def restore_set(
             not fit the objects; nothing live has changed.
         OSError: from the file system; nothing live has changed.
     """
-    require_module(targets.model)
+    structured = targets_structured(targets.model, targets.optimizer, targets.scheduler)
+    if not structured:
+        require_module(targets.model)
     key = as_key(key)  # a bad key is the caller's error, never a set to pass over
-    placement = placement_for(targets.model)
+    placement = LOCAL if structured else placement_for(targets.model)
     if placement is not LOCAL:
         return _restore_sharded(folder, targets, key)
     with contextlib.ExitStack() as stack:
@@ -136,6 +139,18 @@ def restore_set(
                     raise _Unverified() from exc
                 raise
 
+        if structured or verified.manifest.version != 1:
+            # Sets of several objects, or of other families: :mod:`.multi_sets`.
+            step, counter, extra = restore_structured(
+                verified,
+                state,
+                targets.model,
+                targets.optimizer,
+                targets.scheduler,
+                targets.rng,
+                digests_verified,
+            )
+            return Restored(step, counter, extra)
         return _fit_and_commit(
             placement,
             verified,
@@ -239,6 +254,13 @@ def _restore_sharded(
         manifest = parse_manifest(
             broadcast_bytes(manifest_bytes), MAX_MANIFEST_BYTES, authenticate=False
         )
+        if manifest.version != 1:
+            raise CheckpointError(
+                "a sharded (DTensor) model is restored from sets of one model, one"
+                " Adam/AdamW optimizer and one scheduler only; this set is of version"
+                f" {manifest.version} (several objects, or a safetensors member)",
+                field="version",
+            )
         state = parse_training_state(broadcast_bytes(training_bytes), MAX_TRAINING_STATE_BYTES)
         return _fit_and_commit(placement, verified, state, manifest, targets)
 
