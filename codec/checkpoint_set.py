@@ -317,10 +317,9 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
     """
     with VerifiedSet.open(path, key=key) as verified:
         verified.training_state()
-        for role in ("model", "optimizer"):
-            if role not in verified.manifest.members:
+        for role, record in verified.manifest.members.items():
+            if role == "training_state":
                 continue
-            record = verified.manifest.members[role]
             try:
                 info = inspect(verified.file(role))
             except CheckpointError as exc:
@@ -334,16 +333,30 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
                     actual=info.get("family"),
                     expected=record.family,
                 )
-            if role == "model":
-                shapes = [tuple(t["shape"]) for t in info.get("tensors", [])]
-                if shapes != [shape for _, shape in verified.manifest.state]:
-                    raise CheckpointError(
-                        "the model member's tensor shapes differ from the manifest's",
-                        path=Path(path) / record.file,
-                        field="state",
-                    )
+            if (role == "model" or record.tensors is not None) and not _shapes_agree(
+                info, record, verified.manifest
+            ):
+                raise CheckpointError(
+                    "the model member's tensor shapes differ from the manifest's",
+                    path=Path(path) / record.file,
+                    field="state",
+                )
         verified.confirm_unchanged()
         return verified.manifest
+
+
+def _shapes_agree(info: dict[str, Any], record: MemberRecord, manifest: Manifest) -> bool:
+    """Whether a model member's tensors (as :func:`~.inspection.inspect` describes them) are
+    those its manifest records: in order for the positional families; by name for the
+    safetensors layout, which holds each tied tensor once (version 2)."""
+    described = info.get("tensors", [])
+    if record.tensors is None:  # version 1: the manifest's state, in order
+        return [tuple(t["shape"]) for t in described] == [s for _, s in manifest.state]
+    if record.family == "safetensors":
+        tied = record.tied or {}
+        kept = {name: shape for name, shape in record.tensors if name not in tied}
+        return {t.get("name"): tuple(t["shape"]) for t in described} == kept
+    return [tuple(t["shape"]) for t in described] == [s for _, s in record.tensors]
 
 
 def latest_verified(
