@@ -32,6 +32,7 @@ from .set_digests import DigestingWriter
 from .set_documents import MemberRecord, build_manifest
 from .set_folders import check_step, library_name
 from .set_keys import as_key
+from .set_manifest_v2 import build_manifest_v2
 
 __all__ = ["SetWriter", "remove_set", "clean_leftovers", "is_retired"]
 
@@ -232,8 +233,6 @@ class SetWriter:
         Raises:
             As :meth:`commit`.
         """
-        from .set_manifest_v2 import build_manifest_v2  # it builds on set_documents
-
         records = {
             role: replace(record, **details.get(role, {}))
             for role, record in self.records().items()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,6 @@ from ..formats.checkpoint_set import (
     RNG_KEYS,
     SET_FORMAT,
     SET_VERSION,
-    SET_VERSION_2,
     SIGNED_MANIFEST_KEYS,
     STEP_MAX,
     TRAINING_STATE_FORMAT,
@@ -72,6 +71,7 @@ __all__ = [
     "build_training_state",
     "parse_training_state",
     "parse_json_document",
+    "MANIFEST_READERS",
 ]
 
 
@@ -155,6 +155,11 @@ class TrainingState:
 
 
 # --------------------------------------------------------------------------- reading
+
+#: The readers of later manifest versions, by version: each registers itself here
+#: (:mod:`.set_manifest_v2`; imported with the codec), since it builds on this module's
+#: field checks and this module cannot import it back.
+MANIFEST_READERS: dict[int, Callable[..., Manifest]] = {}
 
 
 #: A member's digest and family name, as the manifest spells them.
@@ -245,11 +250,10 @@ def parse_manifest(
     """
     document = parse_json_document(data, "manifest", limit)
     version = document.get("version")
-    if document.get("format") == SET_FORMAT and type(version) is int and version == SET_VERSION_2:
-        # Imported here: the version-2 reader builds on this module's field checks.
-        from .set_manifest_v2 import parse_manifest_v2
-
-        return parse_manifest_v2(data, document, key, authenticate=authenticate)
+    if document.get("format") == SET_FORMAT and type(version) is int:
+        later = MANIFEST_READERS.get(version)
+        if later is not None:
+            return later(data, document, key, authenticate=authenticate)
     check_format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
     signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
     key_id = None

@@ -18,6 +18,7 @@ from ..formats.checkpoint_set import (
     STEP_MAX,
     folder_name,
 )
+from . import set_manifest_v2  # noqa: F401  (registers the version-2 manifest reader)
 from .errors import CheckpointError, FileTooLargeError, IntegrityError
 from .set_documents import Manifest, parse_manifest
 from .set_keys import SetKey

@@ -46,6 +46,7 @@ from .set_documents import (
     _HEX,
     _KEY_ID,
     _KEYED_HEX,
+    MANIFEST_READERS,
     Manifest,
     MemberRecord,
     _authenticate,
@@ -363,3 +364,6 @@ def build_manifest_v2(
         len(data),
     )
     return data
+
+
+MANIFEST_READERS[SET_VERSION_2] = parse_manifest_v2
