@@ -350,15 +350,15 @@ def _check_live(name: str, new: dict[str, Any], live: dict[str, Any]) -> None:
     for key in new:
         pairs = zip(_walk(new[key], f"{name}.{key}"), _walk(live[key], f"{name}.{key}"))
         for (where, a), (_, b) in pairs:
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                if a.shape != b.shape or a.dtype != b.dtype:
-                    raise SchemaMismatchError(
-                        f"state {where} is {a.dtype} {list(a.shape)} in the file; the"
-                        f" optimizer's is {b.dtype} {list(b.shape)}",
-                        field=f"state.{where}",
-                        actual=(str(a.dtype), list(a.shape)),
-                        expected=(str(b.dtype), list(b.shape)),
-                    )
+            tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            if tensors and (a.shape != b.shape or a.dtype != b.dtype):
+                raise SchemaMismatchError(
+                    f"state {where} is {a.dtype} {list(a.shape)} in the file; the"
+                    f" optimizer's is {b.dtype} {list(b.shape)}",
+                    field=f"state.{where}",
+                    actual=(str(a.dtype), list(a.shape)),
+                    expected=(str(b.dtype), list(b.shape)),
+                )
 
 
 def _placed(value: Any, tensors: list[torch.Tensor], device: torch.device) -> Any:
