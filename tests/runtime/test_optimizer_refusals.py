@@ -19,7 +19,6 @@ from runtime_support import step_once
 from tlckpt.codec import (
     AdamEntry,
     AdamKind,
-    CheckpointError,
     ConfigError,
     EntryError,
     SchemaMismatchError,
