@@ -4,8 +4,10 @@ Errors are re-exported here and from :mod:`tlckpt`.
 """
 
 # The built-in families register themselves with the family registry (codec.families).
-# safetensors first: its sniff is strict (a NUL-bearing length), exact-bits JSON's is not.
-from .safetensors import family as _safetensors_family  # noqa: F401, I001
+# safetensors first: its sniff is strict (a NUL-bearing length), exact-bits JSON's is not;
+# optimizer trees before it: they are safetensors files whose metadata starts the header.
+from . import optimizer_tree_family  # noqa: F401, I001
+from .safetensors import family as _safetensors_family  # noqa: F401
 from . import adam_family, model_state_families, tlckpt_optimizer_family  # noqa: F401
 from .adam import AdamCheckpoint, AdamEntry, PayloadSink, read_adam, scan_adam, write_adam
 from .atomic import atomic_output, clean_temporaries, is_temporary

@@ -47,7 +47,7 @@ from ..codec.source import PathOrFile, open_source
 from ..codec.tlckpt_optimizer import read_optimizer_state
 from ..codec.tlckpt_optimizer_writer import write_optimizer_state
 from ..formats.tlckpt_optimizer import GROUP_FLOATS
-from . import adam_moments
+from . import adam_moments, optimizer_trees
 from .adam_binding import AdamBinding, bind_optimizer
 from .adam_moments import SlotState
 from .dtensors import fingerprint, local_tensor, spec_of
@@ -148,8 +148,13 @@ def save(
     """Write the optimizer's state (see :func:`~tlckpt.runtime.save_optimizer`).
 
     Returns:
-        The version written (on every rank): 2 to 5 for ``TLADAMF``, 1 for ``TLCKOPT``.
+        The version written (on every rank): 2 to 5 for ``TLADAMF``, 1 for ``TLCKOPT``;
+        for any other optimizer an optimizer tree's (:mod:`.optimizer_trees`).
     """
+    if not isinstance(optimizer, torch.optim.Adam):
+        return optimizer_trees.save(
+            optimizer, module_or_params, path, random_counter, require_torchlean
+        )
 
     def check() -> tuple[AdamBinding, dict[int, SlotState], Any, list[torch.Tensor]]:
         binding = bind_optimizer(optimizer, module_or_params)
@@ -362,6 +367,8 @@ def plan_load(
     Returns:
         The plan, holding the file's random counter; its commit swaps the state in.
     """
+    if not isinstance(optimizer, torch.optim.Adam):
+        return optimizer_trees.plan_load(optimizer, module_or_params, path, restore_random_counter)
 
     def check() -> AdamBinding:
         binding = bind_optimizer(optimizer, module_or_params)
