@@ -189,7 +189,7 @@ def _member_v2(
     if role == "optimizer":
         models = entry["models"]
         model_kind, model_keys = structure["model"]  # type: ignore[misc]
-        known = set(model_keys) if model_kind != "single" else {""}
+        known = {member_role("model", model_kind, k) for k in model_keys or ("",)}
         if (
             type(models) is not list
             or not models
@@ -197,7 +197,7 @@ def _member_v2(
             or len(set(models)) != len(models)
         ):
             raise MalformedError(
-                f"{field}.models must name the set's models it binds to, each once",
+                f"{field}.models must name the set's model members it binds to, each once",
                 field=f"{field}.models",
                 actual=short(models),
             )

@@ -379,7 +379,7 @@ INT_RANGE = (-(2**63), 2**64 - 1)
 #                    "size": 1234, "digest": "<hex>",
 #                    "tensors": [["fc.weight", [4, 4]], ...],
 #                    "tied": {"head.weight": "emb.weight"}},
-#        "optimizer.G": {"file": "optimizer.G.tladam", ..., "models": ["G"], "groups": 1},
+#        "optimizer.G": {"file": "optimizer.G.tladam", ..., "models": ["model.G"], "groups": 1},
 #        "training_state": {...}},
 #      "structure": {"model": {"kind": "mapping", "keys": ["G", "D"]},
 #                    "optimizer": {"kind": "mapping", "keys": ["G", "D"]},
@@ -391,7 +391,7 @@ INT_RANGE = (-(2**63), 2**64 - 1)
 # ...: members ``model.0``, ...) or ``"mapping"`` (the caller's keys, in its order). A model
 # member records its state tensors ``[name, shape]`` in ``state_dict`` order (tied names
 # included) and, in ``tied``, each name that is the same tensor as an earlier one, mapped to
-# that one. An optimizer member records the model keys it binds to (the models holding its
+# that one. An optimizer member records the model members it binds to (the models holding its
 # parameters; with two or more its parameter names are qualified ``<model key>.<name>``) and
 # its number of param groups: the training state's ``param_groups`` are every optimizer's,
 # in structure order. With a sequence or mapping of schedulers, the training state's

@@ -170,7 +170,10 @@ def set_source(
         role = optimizers.member("optimizer", key)
         binds, named_params = bound_parameters(opt, models, role)
         params.append(named_params)
-        details[role] = {"models": binds, "groups": len(opt.param_groups)}
+        details[role] = {
+            "models": tuple(models.member("model", b) for b in binds),
+            "groups": len(opt.param_groups),
+        }
         # The very capture of version 1's param groups and random states.
         groups.extend(training_state._param_groups(opt))
     data = build_training_state(
@@ -453,7 +456,8 @@ def restore_structured(
     for k, opt in optimizers.items:
         role = optimizers.member("optimizer", k)
         record = manifest.members[role]
-        binds, params = bound_parameters(opt, models, role)
+        keys, params = bound_parameters(opt, models, role)
+        binds = tuple(models.member("model", b) for b in keys)
         if record.models is not None and tuple(record.models) != binds:
             raise SchemaMismatchError(
                 f"{role} holds parameters of the models {list(binds)}, the set's of"

@@ -128,7 +128,7 @@ def test_manifest_records_members_structure_and_bindings(tmp_path: Path) -> None
     }
     g = doc["members"]["model.G"]
     assert g["tensors"][0] == ["0.weight", [8, 4]] and g["tied"] == {}
-    assert doc["members"]["optimizer.D"]["models"] == ["D"]
+    assert doc["members"]["optimizer.D"]["models"] == ["model.D"]
     assert doc["members"]["optimizer.D"]["groups"] == 1
     manifest = verify_checkpoint(folder)
     assert manifest.version == 2 and set(manifest.members) == {
@@ -205,13 +205,14 @@ def test_renamed_parameter_is_refused_with_nothing_changed(tmp_path: Path) -> No
 
 
 def split_model(seed: int, dtype: torch.dtype):
+    """A model whose matrices Muon trains and whose vectors AdamW trains."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
     ).to(dtype)
     matrices = [p for p in model.parameters() if p.ndim == 2]
     rest = [p for p in model.parameters() if p.ndim != 2]
-    opts = [torch.optim.Adam(matrices, lr=1e-2), torch.optim.AdamW(rest, lr=3e-3)]
+    opts = [torch.optim.Muon(matrices, lr=2e-2), torch.optim.AdamW(rest, lr=3e-3)]
     return model, opts
 
 
@@ -229,19 +230,22 @@ def split_steps(model, opts, start: int, count: int) -> list[torch.Tensor]:
     return losses
 
 
-def test_two_optimizers_over_one_bf16_model_resume_bit_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("blocking", [True, False])
+def test_muon_and_adamw_over_one_bf16_model_resume_bit_exact(
+    tmp_path: Path, blocking: bool
+) -> None:
     ref_model, ref_opts = split_model(0, torch.bfloat16)
     ref_losses = split_steps(ref_model, ref_opts, 0, 6)
     model, opts = split_model(0, torch.bfloat16)
     losses = split_steps(model, opts, 0, 3)
     manager = CheckpointManager(tmp_path)
-    folder = manager.save(3, model=model, optimizer=opts).wait()
+    folder = manager.save(3, model=model, optimizer=opts, blocking=blocking).wait()
     names = sorted(p.name for p in folder.iterdir())
     assert names == [
         "manifest.json",
         "model.safetensors",
-        "optimizer.0.tladam",
-        "optimizer.1.tladam",
+        "optimizer.0.safetensors",  # Muon: an optimizer tree
+        "optimizer.1.tladam",  # AdamW
         "training_state.json",
     ]
     fresh, fresh_opts = split_model(9, torch.bfloat16)
@@ -251,10 +255,31 @@ def test_two_optimizers_over_one_bf16_model_resume_bit_exact(tmp_path: Path) -> 
     for (n, a), (_, b) in zip(fresh.state_dict().items(), ref_model.state_dict().items()):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), n
     doc = json.loads((folder / "manifest.json").read_bytes())
-    assert doc["members"]["optimizer.0"]["models"] == [""] or doc["structure"]["model"] == {
-        "kind": "single",
-        "keys": [],
-    }
+    assert doc["structure"]["optimizer"] == {"kind": "sequence", "keys": ["0", "1"]}
+    assert doc["members"]["optimizer.0"]["models"] == ["model"]
+    assert doc["members"]["optimizer.0"]["family"] == "optimizer_tree"
+    # The optimizers in the other order: their parameters are other ones.
+    again, again_opts = split_model(9, torch.bfloat16)
+    with pytest.raises(CheckpointError):
+        manager.restore(model=again, optimizer=again_opts[::-1])
+    assert all(not o.state for o in again_opts)
+
+
+def test_one_sgd_optimizer_is_a_version_2_set(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    folder = save_checkpoint(tmp_path / "s", model=model, optimizer=opt)
+    doc = json.loads((folder / "manifest.json").read_bytes())
+    assert doc["version"] == 2 and doc["members"]["optimizer"]["file"] == "optimizer.safetensors"
+    fresh = torch.nn.Linear(3, 3)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    load_checkpoint(folder, model=fresh, optimizer=fresh_opt)
+    assert torch.equal(
+        fresh_opt.state[fresh.weight]["momentum_buffer"], opt.state[model.weight]["momentum_buffer"]
+    )
 
 
 def test_bf16_model_member_is_the_safetensors_file(tmp_path: Path) -> None:
@@ -308,7 +333,7 @@ def test_an_optimizer_over_two_models_binds_to_both(tmp_path: Path) -> None:
     opt.step()
     folder = save_checkpoint(tmp_path / "s", model=models, optimizer={"joint": opt})
     record = json.loads((folder / "manifest.json").read_bytes())["members"]["optimizer.joint"]
-    assert record["models"] == ["enc", "dec"]
+    assert record["models"] == ["model.enc", "model.dec"]
     fresh, fresh_opt = build(1)
     load_checkpoint(folder, model=fresh, optimizer={"joint": fresh_opt})
     for a, b in zip(fresh_opt.state_dict()["state"].values(), opt.state_dict()["state"].values()):
@@ -397,7 +422,7 @@ def test_hostile_version_2_manifests_are_refused(tmp_path: Path) -> None:
     edits = [
         (b'"file":"model.G.tlsf32"', b'"file":"../model.G.tlsf32"'),
         (b'"keys":["G","D"]', b'"keys":["G","G"]'),
-        (b'"models":["D"]', b'"models":["Z"]'),
+        (b'"models":["model.D"]', b'"models":["model.Z"]'),
         (b'"kind":"mapping"', b'"kind":"tree"'),
         (b'"groups":1', b'"groups":-1'),
     ]
