@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -282,7 +282,8 @@ def write_any(
 def targets_structured(model: Any, optimizer: Any, scheduler: Any) -> bool:
     """Whether a restore's objects are given as sequences or mappings (a version-2 set)."""
     return any(
-        isinstance(v, (list, tuple)) or (isinstance(v, dict) and not hasattr(v, "state_dict"))
+        isinstance(v, (list, tuple, Mapping))
+        and not isinstance(v, (torch.nn.Module, torch.optim.Optimizer))
         for v in (model, optimizer, scheduler)
     )
 

@@ -463,3 +463,24 @@ def test_random_states_restored_only_with_rng(tmp_path: Path) -> None:
     assert torch.equal(torch.get_rng_state(), state[0]) and random.getstate() == state[1]
     load_checkpoint(folder, model=fresh[0], optimizer=fresh[1], scheduler=fresh[2], rng=True)
     assert torch.equal(torch.get_rng_state(), saved)
+
+
+def test_a_damaged_member_changes_nothing_and_restore_falls_back(tmp_path: Path) -> None:
+    models, opts, scheds = gan(0)
+    manager = CheckpointManager(tmp_path)
+    gan_steps(models, opts, scheds, 0, 1)
+    manager.save(1, model=models, optimizer=opts, scheduler=scheds)
+    gan_steps(models, opts, scheds, 1, 1)
+    newest = manager.save(2, model=models, optimizer=opts, scheduler=scheds).wait()
+    member = newest / "optimizer.D.tladam"
+    data = bytearray(member.read_bytes())
+    data[-1] ^= 1
+    member.write_bytes(bytes(data))
+    m, o, s = gan(4)
+    gan_steps(m, o, s, 0, 1)
+    before = snapshot_of(m, o)
+    with pytest.raises(IntegrityError, match=r"optimizer\.D"):
+        load_checkpoint(newest, model=m, optimizer=o, scheduler=s)
+    assert_unchanged(before, m, o)
+    with pytest.warns(UserWarning, match="step 2 skipped"):
+        assert manager.restore(model=m, optimizer=o, scheduler=s).step == 1
