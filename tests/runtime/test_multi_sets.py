@@ -484,3 +484,39 @@ def test_a_damaged_member_changes_nothing_and_restore_falls_back(tmp_path: Path)
     assert_unchanged(before, m, o)
     with pytest.warns(UserWarning, match="step 2 skipped"):
         assert manager.restore(model=m, optimizer=o, scheduler=s).step == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_background_save_of_a_gan_holds_the_values_at_the_call(tmp_path: Path) -> None:
+    """Every model's and optimizer's device tensors are copied into the one pinned arena at
+    the call; a bf16 model on the device restores into device tensors."""
+    models, opts, scheds = gan(0)
+    models["G"].to("cuda", torch.bfloat16)
+    models["D"].cuda()
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
+    x = torch.randn(5, 4, device="cuda")
+    models["D"](models["G"](x.bfloat16()).float()).sum().backward()
+    for o in opts.values():
+        o.step()
+    at_call = {
+        k: {n: t.detach().cpu().clone() for n, t in m.state_dict().items()}
+        for k, m in models.items()
+    }
+    manager = CheckpointManager(tmp_path)
+    handle = manager.save(1, model=models, optimizer=opts, blocking=False)
+    with torch.no_grad():  # queued right behind the copies on the training stream
+        for m in models.values():
+            for p in m.parameters():
+                p.mul_(-2.0).add_(1.0)
+    folder = handle.wait()
+    assert (folder / "model.G.safetensors").exists() and (folder / "model.D.tlsf32").exists()
+    fresh, _, _ = gan(3)
+    fresh["G"].to("cuda", torch.bfloat16)
+    fresh["D"].cuda()
+    fresh_opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in fresh.items()}
+    manager.restore(model=fresh, optimizer=fresh_opts)
+    for k, m in fresh.items():
+        for n, t in m.state_dict().items():
+            assert t.is_cuda and torch.equal(t.cpu(), at_call[k][n]), (k, n)
+    assert all(s["exp_avg"].is_cuda for o in fresh_opts.values() for s in o.state.values())
