@@ -491,7 +491,7 @@ def test_a_damaged_member_changes_nothing_and_restore_falls_back(tmp_path: Path)
 def test_cuda_background_save_of_a_gan_holds_the_values_at_the_call(tmp_path: Path) -> None:
     """Every model's and optimizer's device tensors are copied into the one pinned arena at
     the call; a bf16 model on the device restores into device tensors."""
-    models, opts, scheds = gan(0)
+    models, _, _ = gan(0)
     models["G"].to("cuda", torch.bfloat16)
     models["D"].cuda()
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
