@@ -32,8 +32,8 @@ __all__ = [
 
 @names_the_file()
 def sniff_family(path: PathOrFile) -> str:
-    """``"adam"``, ``"tlckpt_optimizer"``, ``"float32_state"`` or ``"state_bits"`` from the
-    first bytes (the name of a registered family).
+    """``"adam"``, ``"tlckpt_optimizer"``, ``"float32_state"``, ``"safetensors"`` or
+    ``"state_bits"`` from the first bytes (the name of a registered family).
 
     At most :data:`~tlckpt.codec.families.HEAD_BYTES` bytes are read: a registered magic, or
     a JSON document (its first significant byte ``{`` or ``[``, a byte order mark, or only

@@ -2,7 +2,9 @@
 
 One module per family: :mod:`.framing`, :mod:`.schema`, :mod:`.adam`, :mod:`.float32_state`,
 :mod:`.state_bits`, and tlckpt's own optimizer family :mod:`.tlckpt_optimizer` (not
-TorchLean's); :mod:`.registry` maps ``(magic, version)`` to a spec.
+TorchLean's); :mod:`.registry` maps ``(magic, version)`` to a spec. :mod:`.safetensors` is
+Hugging Face's layout (no magic, no version: it is recognised by its first bytes, through the
+codec's family registry, not this one).
 """
 
 from .adam import (

@@ -24,12 +24,12 @@ another process during that pass leaves a partial update, reported as
 
 from __future__ import annotations
 
+import io
 import os
 
 from ..codec.errors import CheckpointError, names_the_file
-from ..codec.families import JSON_FAMILY, family_title
+from ..codec.families import HEAD_BYTES, JSON_FAMILY, family_title, head_family
 from ..codec.gcpause import without_gc
-from ..codec.inspection import sniff_family
 from ..codec.source import PathOrFile
 from . import bits_files, float32_files
 from .dtensors import reusable
@@ -73,12 +73,26 @@ def module_format(path: PathOrFile, format: str | None) -> str:
 
 
 def _named_family(path: PathOrFile) -> str:
-    """The family of the file, from its first bytes; a file of no family goes to the
-    ``TLSF32B`` reader, which says precisely what is wrong with it."""
-    try:
-        return sniff_family(path)
-    except CheckpointError:
-        return TLSF32
+    """The family of the file, from its first bytes, to route the load; a file of no family
+    goes to the ``TLSF32B`` reader, which says precisely what is wrong with it.
+
+    Only routing: the chosen reader opens and checks the file itself (its stamps, from its
+    own first ``fstat``, are what detect a change), so this peek is no
+    :class:`~tlckpt.codec.source.Source` and needs no stamp of its own.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            remaining = os.fstat(f.fileno()).st_size
+    else:
+        try:
+            start = path.tell()
+            head = path.read(HEAD_BYTES)
+            remaining = path.seek(0, os.SEEK_END) - start
+            path.seek(start)
+        except (AttributeError, io.UnsupportedOperation):  # the reader says what it needs
+            return TLSF32
+    return head_family(head, remaining) or TLSF32
 
 
 @names_the_file()

@@ -402,3 +402,27 @@ def test_any_names_dtypes_and_shapes_equal_the_reference(spec, metadata) -> None
     assert set(arrays) == set(tensors) and header.metadata == metadata
     for name, t in tensors.items():
         assert arrays[name].tobytes() == _raw(t)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE) + [f"odd:{n}" for n in sorted(ODD)])
+def test_the_reader_agrees_with_the_interpreted_prefix_spec(name: str) -> None:
+    from construct import ConstructError
+
+    from tlckpt.codec.safetensors import read_header
+    from tlckpt.codec.source import open_source
+    from tlckpt.formats.safetensors import SAFETENSORS_PREFIX
+
+    data = _file(ODD[name[4:]], bytes(range(8))) if name.startswith("odd:") else HOSTILE[name][0]
+    try:
+        prefix = SAFETENSORS_PREFIX.parse(data)
+    except ConstructError:
+        prefix = None
+    try:
+        with open_source(io.BytesIO(data)) as src:
+            header = read_header(src)
+    except CheckpointError:
+        header = None
+    if prefix is None:  # the fixed part is refused by the spec: the reader refuses it too
+        assert header is None
+    if header is not None:
+        assert prefix is not None and header.header_length == len(prefix.header)
