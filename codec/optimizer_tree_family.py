@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.optimizer_tree import FAMILY, HEAD
+from ..formats.optimizer_tree import FAMILY, HEAD, VERSION
 from ..formats.primitives import unpack_u64
 from ..formats.safetensors import HEADER_LENGTH_SIZE
 from .destinations import description_error
@@ -116,8 +116,16 @@ class _OptimizerTreeFamily(FamilyHandler):
                 for g in document.groups
             ],
             "state": {name: sorted(values) for name, values in document.state.items()},
+            "version": VERSION,
+            "random_counter": document.random_counter,
             "tensors": [
-                {"name": e.name, "dtype": e.dtype.name, "shape": list(e.shape)}
+                {
+                    "name": e.name,
+                    "dtype": e.dtype.name,
+                    "shape": list(e.shape),
+                    "elements": e.elements,
+                    "bytes": e.nbytes,
+                }
                 for e in header.entries.values()
             ],
             "header_bytes": header.header_length,

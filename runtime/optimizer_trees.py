@@ -21,9 +21,11 @@ commit then swaps the state in and updates the groups in one block under the pro
 Ctrl-C deferral (:func:`~.plans.committing`). Group options come from the file (as torch's
 ``load_state_dict`` has them) for the keys the live group has; the execution flags
 (``foreach``, ``fused``, ``capturable``, ``differentiable``) and ``param_names`` stay the live
-run's. State tensors go to their parameter's device, except ``step`` where the group is
-neither ``capturable`` nor ``fused`` (torch keeps it on the CPU then), each in the dtype the
-file holds: nothing is cast, so a resume is bit-exact.
+run's. A state tensor goes where the live optimizer keeps its counterpart, when it has state
+for the parameter already (Adagrad makes it at construction; a run resumed in process);
+otherwise to its parameter's device, except ``step`` where the group is neither
+``capturable`` nor ``fused`` (torch keeps it on the CPU then). Each keeps the dtype the file
+holds: nothing is cast, so a resume is bit-exact.
 """
 
 from __future__ import annotations
@@ -452,8 +454,13 @@ def plan_load(
             for key, value in entry.items():
                 host = key in _HOST_STEP_KEYS and not on_device
                 new[key] = _placed(value, tensors, torch.device("cpu") if host else p.device)
-            if optimizer.state.get(p):
-                _check_live(name, new, optimizer.state[p])
+            live_entry = optimizer.state.get(p)
+            if live_entry:
+                _check_live(name, new, live_entry)
+                for key, value in new.items():  # the live optimizer's own form, where known
+                    held = live_entry[key]
+                    if isinstance(value, torch.Tensor) and isinstance(held, torch.Tensor):
+                        new[key] = value.to(held.device)
             state[p] = new
         values = {}
         for key, value in record.options.items():

@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import io
 import math
+import signal
 import struct
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -408,8 +410,32 @@ def test_mutated_files_load_or_are_refused_whole(tmp_path: Path) -> None:
     assert refused > 50
 
 
-def test_interrupted_commit_leaves_old_or_new(tmp_path: Path, monkeypatch) -> None:
-    from tlckpt.runtime import plans
+class _SignalAfterClear(defaultdict):
+    """An optimizer state that receives SIGINT right after the commit clears it."""
+
+    def clear(self) -> None:
+        super().clear()
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_interrupt_inside_the_commit_is_raised_after_it(tmp_path: Path) -> None:
+    model, opt, path = _saved(tmp_path)
+    saved = snapshot(opt)
+    live = _rebuilt("SGD", model)
+    train(model, live, 0, 1)
+    live.param_groups[0]["lr"] = 7.0  # the file's 0.1 must land with the state
+    live.state = _SignalAfterClear(dict, live.state)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            load_optimizer(live, model, path)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert_same_value(saved, live.state_dict(), "all of the file's, groups included")
+
+
+def test_interrupt_before_the_commit_changes_nothing(tmp_path: Path, monkeypatch) -> None:
+    from tlckpt.runtime import optimizer_trees
 
     model, _, path = _saved(tmp_path)
     live = _rebuilt("SGD", model)
@@ -419,10 +445,7 @@ def test_interrupted_commit_leaves_old_or_new(tmp_path: Path, monkeypatch) -> No
     def interrupted(*args: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plans, "install_state", interrupted)
-    from tlckpt.runtime import optimizer_trees
-
-    monkeypatch.setattr(optimizer_trees, "install_state", interrupted)
+    monkeypatch.setattr(optimizer_trees, "check_against", interrupted)
     with pytest.raises(KeyboardInterrupt):
         load_optimizer(live, model, path)
     assert_same_value(before, live.state_dict(), "unchanged")
