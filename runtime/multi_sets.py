@@ -354,6 +354,14 @@ class _Schedulers:
     optimizers: list[torch.optim.Optimizer]
 
     def apply(self) -> None:
+        """Load every scheduler's state (first in the commit: user code); if one raises,
+        every scheduler and param group is put back exactly, in place.
+
+        Raises:
+            ConfigError: a scheduler refused its state.
+            BaseException: what ``load_state_dict`` raised if not an ``Exception``, after
+                the rollback.
+        """
         if not self.pairs:
             return
         groups = [g for o in self.optimizers for g in o.param_groups]
@@ -372,7 +380,7 @@ class _Schedulers:
             ) from exc
 
 
-def _scheduler_pairs(saved: Any, schedulers: Role, state: TrainingState) -> list[tuple[Any, Any]]:
+def _scheduler_pairs(schedulers: Role, state: TrainingState) -> list[tuple[Any, Any]]:
     if schedulers.kind is None:
         return []
     if schedulers.kind == "single":
@@ -472,7 +480,7 @@ def restore_structured(
         view = replace(state, param_groups=groups, scheduler=None)
         applications.append(training_state.prepare(view, opt, None, False))
         bindings.append((role, opt, params))
-    schedule = _Schedulers(_scheduler_pairs(saved, schedulers, state), optimizers.objects())
+    schedule = _Schedulers(_scheduler_pairs(schedulers, state), optimizers.objects())
     for s in schedulers.objects():
         linked = getattr(s, "optimizer", None)
         if isinstance(linked, torch.optim.Optimizer) and linked not in schedule.optimizers:
