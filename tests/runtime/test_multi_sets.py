@@ -258,6 +258,7 @@ def test_muon_and_adamw_over_one_bf16_model_resume_bit_exact(
     assert doc["structure"]["optimizer"] == {"kind": "sequence", "keys": ["0", "1"]}
     assert doc["members"]["optimizer.0"]["models"] == ["model"]
     assert doc["members"]["optimizer.0"]["family"] == "optimizer_tree"
+    assert verify_checkpoint(folder).members["optimizer.0"].family == "optimizer_tree"
     # The optimizers in the other order: their parameters are other ones.
     again, again_opts = split_model(9, torch.bfloat16)
     with pytest.raises(CheckpointError):
