@@ -69,9 +69,14 @@ def _create_temporary_folder(directory: str, name: str) -> tuple[str, int]:
             os.mkdir(path, 0o777)  # the umask applies, as for a plain mkdir
         except FileExistsError:
             continue
-        fd = _lock_folder(path)
-        # A cleaner may have taken the lock between mkdir and flock and removed the folder
-        # as stale: then the name is not ours any more; try another.
+        # A cleaner (another process's manager opening the same directory) may remove the
+        # new folder as stale before it is locked: before the open (then there is nothing to
+        # lock) or between the open and the flock (then the name is not ours any more). Either
+        # way, try another name.
+        try:
+            fd = _lock_folder(path)
+        except FileNotFoundError:
+            continue
         if same_inode(path, fd):
             return path, fd
         os.close(fd)
