@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..codec.errors import CheckpointError, SchemaMismatchError
+from ..codec.errors import CheckpointError, ConfigError, SchemaMismatchError
 from ..formats.checkpoint_set import MAX_STRUCTURE_KEYS, STRUCTURE_KEY_PATTERN
 from .local_placement import LOCAL
 from .placement import placement_for
@@ -138,13 +138,14 @@ def member_family(model: torch.nn.Module, model_format: str) -> str:
     """The suffix of ``model``'s member: ``.tlsf32``, ``.json`` or ``.safetensors``.
 
     ``"auto"``: ``TLSF32B`` for a float32 model (or one without floating tensors), the
-    safetensors layout otherwise — except for a sharded model, which keeps exact-bits JSON
-    (the parallel path writes the TorchLean families). ``"torchlean"``: ``TLSF32B`` or
+    safetensors layout otherwise (mixed floating dtypes included) — except for a sharded
+    model, which keeps exact-bits JSON (the parallel path writes the TorchLean families). ``"torchlean"``: ``TLSF32B`` or
     exact-bits JSON. ``"safetensors"``: the safetensors layout.
 
     Raises:
         ValueError: an unknown ``model_format``.
-        CheckpointError: ``"safetensors"`` for a sharded model.
+        CheckpointError: ``"safetensors"`` for a sharded model; ``"torchlean"`` (or a
+            sharded model) with mixed floating dtypes (``ConfigError``).
     """
     if model_format not in MODEL_FORMATS:
         raise ValueError(f"model_format must be one of {MODEL_FORMATS}, not {model_format!r}")
@@ -157,7 +158,13 @@ def member_family(model: torch.nn.Module, model_format: str) -> str:
                 field="model_format",
             )
         return SAFETENSORS
-    float32 = file_dtype_of(state_tensors(model)) in (None, torch.float32)
+    try:
+        float32 = file_dtype_of(state_tensors(model)) in (None, torch.float32)
+    except ConfigError:
+        # Mixed floating dtypes: no TorchLean family holds them, the safetensors layout does.
+        if model_format == "torchlean" or sharded:
+            raise
+        return SAFETENSORS
     if float32:
         return TLSF32
     return JSON if model_format == "torchlean" or sharded else SAFETENSORS

@@ -521,3 +521,23 @@ def test_cuda_background_save_of_a_gan_holds_the_values_at_the_call(tmp_path: Pa
         for n, t in m.state_dict().items():
             assert t.is_cuda and torch.equal(t.cpu(), at_call[k][n]), (k, n)
     assert all(s["exp_avg"].is_cuda for o in fresh_opts.values() for s in o.state.values())
+
+
+def test_a_model_of_mixed_dtypes_is_a_safetensors_member(tmp_path: Path) -> None:
+    def mixed() -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+        m[1].to(torch.bfloat16)
+        return m
+
+    model = mixed()
+    folder = save_checkpoint(tmp_path / "s", model=model)
+    assert (folder / "model.safetensors").exists()
+    fresh = mixed()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    load_checkpoint(folder, model=fresh)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters()))
+    with pytest.raises(CheckpointError, match="mix"):
+        save_checkpoint(tmp_path / "t", model=model, model_format="torchlean")
