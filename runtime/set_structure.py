@@ -139,8 +139,9 @@ def member_family(model: torch.nn.Module, model_format: str) -> str:
 
     ``"auto"``: ``TLSF32B`` for a float32 model (or one without floating tensors), the
     safetensors layout otherwise (mixed floating dtypes included) — except for a sharded
-    model, which keeps exact-bits JSON (the parallel path writes the TorchLean families). ``"torchlean"``: ``TLSF32B`` or
-    exact-bits JSON. ``"safetensors"``: the safetensors layout.
+    model, which keeps exact-bits JSON (the parallel path writes the TorchLean families).
+    ``"torchlean"``: ``TLSF32B`` or exact-bits JSON. ``"safetensors"``: the safetensors
+    layout.
 
     Raises:
         ValueError: an unknown ``model_format``.
