@@ -229,6 +229,12 @@ def save(
     tensors = _Tensors()
     groups, state = [], {}
     for g, (group, members) in enumerate(zip(optimizer.param_groups, live)):
+        bad = [k for k in group if type(k) is not str]
+        if bad:
+            raise ConfigError(
+                f"param_groups[{g}] has a key that is not a string: {bad[0]!r}",
+                field=f"param_groups[{g}]",
+            )
         options = {
             key: tensors.collect(value, f"{GROUP_PREFIX}{g}{SEPARATOR}{key}")
             for key, value in group.items()
@@ -237,7 +243,7 @@ def save(
         groups.append(GroupRecord(_described(members), options))
         for name, p in members:
             entry = optimizer.state.get(p)
-            if not entry:
+            if entry is None:  # an empty entry is kept: torch's state_dict lists it too
                 continue
             bad = [k for k in entry if type(k) is not str]
             if bad:
@@ -315,7 +321,7 @@ def _check_entries(document: TreeDocument) -> None:
         firsts: dict[int, tuple[str, dict[str, Any]]] = {}
         for name, _, shape in group.params:
             entry = document.state.get(name)
-            if entry is None:
+            if not entry:  # no state, or an empty entry (a parameter looked up, never stepped)
                 continue
             first = firsts.get(len(shape))
             if first is None:
@@ -455,7 +461,7 @@ def plan_load(
                 host = key in _HOST_STEP_KEYS and not on_device
                 new[key] = _placed(value, tensors, torch.device("cpu") if host else p.device)
             live_entry = optimizer.state.get(p)
-            if live_entry:
+            if live_entry and new:
                 _check_live(name, new, live_entry)
                 for key, value in new.items():  # the live optimizer's own form, where known
                     held = live_entry[key]

@@ -217,6 +217,16 @@ def test_tied_parameter_is_named_once_and_frozen_is_absent(tmp_path: Path) -> No
     assert set(tensors) == {f"state/{n}/momentum_buffer" for n in names}
 
 
+def test_empty_state_entries_are_kept(tmp_path: Path) -> None:
+    model, opt = build("RMSprop")
+    train(model, opt, 0, 1)
+    opt.state[model.norm.weight].clear()  # looked up, never stepped: torch lists it
+    save_optimizer(opt, model, tmp_path / "o.safetensors")
+    fresh = _rebuilt("RMSprop", model)
+    load_optimizer(fresh, model, tmp_path / "o.safetensors")
+    assert_same_value(opt.state_dict(), fresh.state_dict(), "loaded")
+
+
 def test_lbfgs_lists_of_tensors_are_held(tmp_path: Path) -> None:
     model, opt = build("LBFGS")
     train(model, opt, 0, 2)
