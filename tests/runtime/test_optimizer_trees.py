@@ -475,3 +475,48 @@ def test_non_finite_hyperparameters_are_exact(tmp_path: Path) -> None:
     nan, zero, big = live.param_groups[0]["custom"]
     assert math.isnan(nan) and struct.pack("<d", zero) == struct.pack("<d", -0.0)
     assert big == 2**80
+
+
+class Averaging(torch.optim.Optimizer):
+    """A custom optimizer: a running average, a count, a tuple history, a tensor option."""
+
+    def __init__(self, params: Any, lr: float = 0.1):
+        super().__init__(params, {"lr": lr, "scale": torch.tensor(0.5, dtype=torch.float64)})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["avg"] = torch.zeros_like(p)
+                    state["count"] = 0
+                    state["history"] = ()
+                state["count"] += 1
+                state["avg"].lerp_(p.grad, float(group["scale"]))
+                state["history"] = (*state["history"][-1:], {"n": state["count"], "g": p.grad[0]})
+                p.add_(state["avg"], alpha=-group["lr"])
+        return loss
+
+
+def test_a_custom_optimizer_resumes_exactly(tmp_path: Path) -> None:
+    def make(model: Net) -> Averaging:
+        return Averaging(_two_groups(0.1)(model))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = make(model)
+    train(model, opt, 0, 3)
+    save_optimizer(opt, model, tmp_path / "o.safetensors")
+    assert inspect(tmp_path / "o.safetensors")["class"].endswith(".Averaging")
+    fresh = make(model)
+    load_optimizer(fresh, model, tmp_path / "o.safetensors")
+    assert_same_value(opt.state_dict(), fresh.state_dict(), "loaded")
+    assert fresh.state[model.lin.weight]["history"][-1]["n"] == 3
+    _refused(_rebuilt("SGD", model), model, tmp_path / "o.safetensors", ConfigError)
