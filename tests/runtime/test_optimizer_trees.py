@@ -26,7 +26,13 @@ from tlckpt import inspect
 from tlckpt.codec.errors import CheckpointError, ConfigError, SchemaMismatchError
 from tlckpt.codec.safetensors import read_metadata
 from tlckpt.formats.optimizer_tree import DOCUMENT_KEY
-from tlckpt.runtime import CheckpointManager, load_optimizer, save_optimizer
+from tlckpt.runtime import (
+    CheckpointManager,
+    load_module_state,
+    load_optimizer,
+    open_checkpoint,
+    save_optimizer,
+)
 from tlckpt.runtime.tensor_files import load_tensors, save_tensors
 
 STEPS = 3
@@ -520,3 +526,15 @@ def test_a_custom_optimizer_resumes_exactly(tmp_path: Path) -> None:
     assert_same_value(opt.state_dict(), fresh.state_dict(), "loaded")
     assert fresh.state[model.lin.weight]["history"][-1]["n"] == 3
     _refused(_rebuilt("SGD", model), model, tmp_path / "o.safetensors", ConfigError)
+
+
+def test_open_checkpoint_and_load_tensors_read_a_tree(tmp_path: Path) -> None:
+    model, opt, path = _saved(tmp_path)
+    with open_checkpoint(path) as f:
+        assert f.family == "optimizer_tree"
+        buffer = f.tensor("state/lin.weight/momentum_buffer")
+    live = opt.state[model.lin.weight]["momentum_buffer"]
+    assert torch.equal(words(buffer), words(live))
+    assert set(load_tensors(path)) == set(f.names())
+    with pytest.raises(CheckpointError):  # not model state
+        load_module_state(model, path)
