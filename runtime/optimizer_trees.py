@@ -30,7 +30,7 @@ holds: nothing is cast, so a resume is bit-exact.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -381,10 +381,12 @@ def _placed(value: Any, tensors: list[torch.Tensor], device: torch.device) -> An
 
 
 def _read_document(
-    path: PathOrFile, optimizer: torch.optim.Optimizer
+    path: PathOrFile,
+    optimizer: torch.optim.Optimizer,
+    check: Callable[[TreeDocument], None],
 ) -> tuple[TreeDocument, list[torch.Tensor]]:
-    """The file's checked document and every tensor it lists, in its order (read in file
-    order, each into a fresh CPU tensor)."""
+    """The file's document, checked whole and by ``check`` before any tensor is read, and
+    every tensor it lists, in its order (read in file order, each into a fresh CPU tensor)."""
     with open_source(path) as src:
         family = sniff_family(src.file)
         if family not in (FAMILY, SAFETENSORS):
@@ -403,12 +405,52 @@ def _read_document(
                 field="__metadata__",
             )
         document = parse_document(header)
+        check(document)
         entries = [header.entries[n] for n in document.tensors]
         order = sorted(range(len(entries)), key=lambda i: entries[i].begin)
         tensors: list[Any] = [None] * len(entries)
         for i in order:
             tensors[i] = read_entry(src, header, entries[i])
     return document, tensors
+
+
+def _form(saved: Any, live: Any, field: str) -> None:
+    """Refuse a group option whose saved value is not of the live value's form: a number
+    for a number, a bool for a bool, a string for a string, a tensor of the same dtype and
+    shape for a tensor, a tuple or list of the same length for one (element by element);
+    ``None`` on either side takes anything (Muon's ``adjust_lr_fn``, a scheduler's key).
+
+    Raises:
+        ConfigError: naming the group and key.
+    """
+    if saved is None or live is None:
+        return
+    if isinstance(live, torch.Tensor):
+        ok = isinstance(saved, torch.Tensor) and (saved.dtype, saved.shape) == (
+            live.dtype,
+            live.shape,
+        )
+    elif isinstance(live, bool) or isinstance(saved, bool):
+        ok = type(saved) is bool and type(live) is bool
+    elif isinstance(live, (int, float)):
+        ok = type(saved) in (int, float)
+    elif isinstance(live, str):
+        ok = type(saved) is str
+    elif type(live) in (tuple, list):
+        ok = type(saved) is type(live) and len(saved) == len(live)
+        if ok:
+            for i, (a, b) in enumerate(zip(saved, live)):
+                _form(a, b, f"{field}[{i}]")
+    else:
+        ok = True  # a caller's own kind of value: the file's, as torch would take it
+    if not ok:
+        raise ConfigError(
+            f"{field} is {type(saved).__name__} {saved!r:.60} in the file; the optimizer's is"
+            f" {type(live).__name__} {live!r:.60}",
+            field=field,
+            actual=type(saved).__name__,
+            expected=type(live).__name__,
+        )
 
 
 def plan_load(
@@ -429,25 +471,28 @@ def plan_load(
     """
     names = parameter_names(module_or_params)
     live = _live_groups(optimizer, names)
-    document, tensors = _read_document(path, optimizer)
-    if document.optimizer_class != class_name(optimizer):
-        raise ConfigError(
-            f"the file holds {document.optimizer_class} state; the optimizer is"
-            f" {class_name(optimizer)}",
-            field="class",
-            actual=document.optimizer_class,
-            expected=class_name(optimizer),
-        )
-    target = OptimizerTreeTarget(class_name(optimizer), tuple(_described(m) for m in live))
-    check_against(document, target)
-    if document.random_counter is not None and not restore_random_counter:
-        raise ConfigError(
-            f"the file holds a random counter ({document.random_counter}) and the caller has"
-            " nowhere to put it; pass restore_random_counter=True and restore it",
-            field="random_counter",
-            actual=document.random_counter,
-        )
-    _check_entries(document)
+
+    def check(document: TreeDocument) -> None:
+        if document.optimizer_class != class_name(optimizer):
+            raise ConfigError(
+                f"the file holds {document.optimizer_class} state; the optimizer is"
+                f" {class_name(optimizer)}",
+                field="class",
+                actual=document.optimizer_class,
+                expected=class_name(optimizer),
+            )
+        target = OptimizerTreeTarget(class_name(optimizer), tuple(_described(m) for m in live))
+        check_against(document, target)
+        if document.random_counter is not None and not restore_random_counter:
+            raise ConfigError(
+                f"the file holds a random counter ({document.random_counter}) and the caller"
+                " has nowhere to put it; pass restore_random_counter=True and restore it",
+                field="random_counter",
+                actual=document.random_counter,
+            )
+        _check_entries(document)
+
+    document, tensors = _read_document(path, optimizer, check)
     state: dict[torch.Tensor, dict] = {}
     options: list[dict[str, Any]] = []
     for group, members, record in zip(optimizer.param_groups, live, document.groups):
@@ -474,5 +519,6 @@ def plan_load(
                 current = group[key]
                 device = current.device if isinstance(current, torch.Tensor) else "cpu"
                 values[key] = _placed(value, tensors, torch.device(device))
+                _form(values[key], current, f"param_groups[{len(options)}].{key}")
         options.append(values)
     return TreePlan(optimizer, state, options, document.random_counter)

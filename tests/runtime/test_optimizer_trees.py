@@ -376,6 +376,9 @@ def test_missing_state_key_is_refused(tmp_path: Path) -> None:
         lambda d: d["state"]["lin.weight"].update(momentum_buffer={"$tensor": ["file_tensor", 0]}),
         lambda d: d["state"]["lin.weight"].update(momentum_buffer={"$tensor": ["float32", 1.0]}),
         lambda d: d.update(random_counter=-1),
+        lambda d: d["groups"][0]["options"].update(lr="fast"),
+        lambda d: d["groups"][1]["options"].update(nesterov=1),
+        lambda d: d["groups"][0]["options"].update(momentum=[0.9]),
     ],
 )
 def test_edited_documents_are_refused(tmp_path: Path, edit: Callable[[dict], None]) -> None:
