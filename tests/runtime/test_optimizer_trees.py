@@ -541,3 +541,21 @@ def test_open_checkpoint_and_load_tensors_read_a_tree(tmp_path: Path) -> None:
     assert set(load_tensors(path)) == set(f.names())
     with pytest.raises(CheckpointError):  # not model state
         load_module_state(model, path)
+
+
+def test_a_frozen_parameter_keeps_its_state_in_its_group(tmp_path: Path) -> None:
+    model, opt = build("RMSprop")
+    train(model, opt, 0, 2)
+    model.lin.weight.requires_grad_(False)  # gradual unfreezing: torch keeps its state
+    train(model, opt, 2, 1)
+    save_optimizer(opt, model, tmp_path / "o.safetensors")
+    fresh_model, fresh = build("RMSprop", seed=1)
+    fresh_model.load_state_dict(model.state_dict())
+    fresh_model.lin.weight.requires_grad_(False)
+    load_optimizer(fresh, fresh_model, tmp_path / "o.safetensors")
+    assert_same_run(model, opt, fresh_model, fresh)
+    for m in (model, fresh_model):
+        m.lin.weight.requires_grad_(True)
+    train(model, opt, 3, 2)
+    train(fresh_model, fresh, 3, 2)
+    assert_same_run(model, opt, fresh_model, fresh)
