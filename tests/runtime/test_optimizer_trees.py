@@ -199,7 +199,10 @@ def test_resume_through_checkpoint_manager(name: str, tmp_path: Path) -> None:
     model, opt = build(name)
     train(model, opt, 0, STEPS)
     manager = CheckpointManager(tmp_path / "run")
-    manager.save(STEPS, model=model, optimizer=opt)
+    folder = manager.save(STEPS, model=model, optimizer=opt).wait()
+    manifest = orjson.loads((Path(folder) / "manifest.json").read_bytes())
+    family = manifest["members"]["optimizer"]["family"]
+    assert family == "optimizer_tree" if name in TREES else family in ("adam", "tlckpt_optimizer")
 
     fresh_model, fresh_opt = build(name, seed=1)
     restored = manager.restore(model=fresh_model, optimizer=fresh_opt)
