@@ -21,15 +21,29 @@ from typing import Any
 import orjson
 
 from ..formats.optimizer_tree import (
+    CLASS_MEMBER,
+    COUNTER_MEMBER,
     DOCUMENT_KEY,
     DOCUMENT_KEYS,
+    FORMAT_MEMBER,
     FORMAT_TAG,
     GROUP_KEYS,
+    GROUPS_MEMBER,
+    OPTIONS_MEMBER,
+    PARAMS_MEMBER,
+    STATE_MEMBER,
     TENSOR_PLACEHOLDER,
+    TENSORS_MEMBER,
     VERSION,
+    VERSION_MEMBER,
 )
-from ..formats.safetensors import DTYPE_BY_NAME
-from .errors import MalformedError, SchemaMismatchError
+from ..formats.safetensors import DTYPE_BY_NAME, METADATA_KEY
+from .errors import (
+    MalformedError,
+    SchemaMismatchError,
+    UnsupportedFormatError,
+    UnsupportedVersionError,
+)
 from .exact_values import TensorScalar, decode_value, encode_value, json_path
 from .json_document import duplicate_key_anywhere
 from .safetensors.header import Header
@@ -44,7 +58,7 @@ __all__ = [
     "has_document",
 ]
 
-_FIELD = f"__metadata__.{DOCUMENT_KEY}"
+_FIELD = f"{METADATA_KEY}.{DOCUMENT_KEY}"
 
 
 @dataclass(frozen=True)
@@ -113,19 +127,19 @@ def build_document(
             scalar, a lone surrogate, too deep), naming its path; nothing is written yet.
     """
     document = {
-        "format": FORMAT_TAG,
-        "version": VERSION,
-        "class": optimizer_class,
-        "random_counter": random_counter,
-        "tensors": list(tensors),
-        "groups": [
+        FORMAT_MEMBER: FORMAT_TAG,
+        VERSION_MEMBER: VERSION,
+        CLASS_MEMBER: optimizer_class,
+        COUNTER_MEMBER: random_counter,
+        TENSORS_MEMBER: list(tensors),
+        GROUPS_MEMBER: [
             {
-                "params": [[n, d, list(s)] for n, d, s in g.params],
-                "options": dict(g.options),
+                PARAMS_MEMBER: [[n, d, list(s)] for n, d, s in g.params],
+                OPTIONS_MEMBER: dict(g.options),
             }
             for g in groups
         ],
-        "state": {name: dict(values) for name, values in state.items()},
+        STATE_MEMBER: {name: dict(values) for name, values in state.items()},
     }
     encoded = encode_value(document, ())
     return {DOCUMENT_KEY: orjson.dumps(encoded).decode()}
@@ -152,16 +166,16 @@ def _param(value: Any, field: str) -> tuple[str, str, tuple[int, ...]]:
 def _group(value: Any, field: str) -> GroupRecord:
     if type(value) is not dict or set(value) != set(GROUP_KEYS):
         raise _malformed(field, f"must be an object of {', '.join(GROUP_KEYS)}")
-    params = value["params"]
+    params = value[PARAMS_MEMBER]
     if type(params) is not list:
-        raise _malformed(f"{field}.params", "must be a list")
-    options = value["options"]
+        raise _malformed(f"{field}.{PARAMS_MEMBER}", "must be a list")
+    options = value[OPTIONS_MEMBER]
     if type(options) is not dict or not all(type(k) is str for k in options):
-        raise _malformed(f"{field}.options", "must be an object of string keys")
-    if "params" in options:
-        raise _malformed(f"{field}.options", "holds 'params', which is the group's list")
+        raise _malformed(f"{field}.{OPTIONS_MEMBER}", "must be an object of string keys")
+    if PARAMS_MEMBER in options:
+        raise _malformed(f"{field}.{OPTIONS_MEMBER}", "holds the group's parameter list")
     return GroupRecord(
-        tuple(_param(p, f"{field}.params[{i}]") for i, p in enumerate(params)), options
+        tuple(_param(p, f"{field}.{PARAMS_MEMBER}[{i}]") for i, p in enumerate(params)), options
     )
 
 
@@ -203,7 +217,8 @@ def parse_document(header: Header) -> TreeDocument:
     Raises:
         MalformedError: no document, not JSON, a duplicate key, a member missing or of the
             wrong type, an unknown tag, a placeholder out of range or used twice.
-        UnsupportedVersionError-like MalformedError: another format tag or version.
+        UnsupportedFormatError: another format tag.
+        UnsupportedVersionError: another version.
         SchemaMismatchError: the document's tensor list and the file's tensors differ, or its
             state names a parameter its groups do not.
     """
@@ -221,50 +236,57 @@ def parse_document(header: Header) -> TreeDocument:
     document = decode_value(loaded, (DOCUMENT_KEY,))
     if type(document) is not dict or set(document) != set(DOCUMENT_KEYS):
         raise _malformed(_FIELD, f"must be an object of {', '.join(DOCUMENT_KEYS)}")
-    if document["format"] != FORMAT_TAG or type(document["format"]) is not str:
-        raise _malformed(f"{_FIELD}.format", f"must be {FORMAT_TAG!r}", document["format"])
-    if type(document["version"]) is not int or document["version"] != VERSION:
-        raise MalformedError(
-            f"{_FIELD}.version is {document['version']!r}; this reader knows {VERSION}",
-            field=f"{_FIELD}.version",
-            actual=document["version"],
+    tag, version = document[FORMAT_MEMBER], document[VERSION_MEMBER]
+    if type(tag) is not str or tag != FORMAT_TAG:
+        raise UnsupportedFormatError(
+            f"{_FIELD}.{FORMAT_MEMBER} is {tag!r:.60}; an optimizer tree's is {FORMAT_TAG!r}",
+            field=f"{_FIELD}.{FORMAT_MEMBER}",
+            actual=tag,
+            expected=FORMAT_TAG,
+        )
+    if type(version) is not int or version != VERSION:
+        raise UnsupportedVersionError(
+            f"{_FIELD}.{VERSION_MEMBER} is {version!r}; this reader knows {VERSION}",
+            field=f"{_FIELD}.{VERSION_MEMBER}",
+            actual=version,
             expected=VERSION,
         )
-    if type(document["class"]) is not str:
-        raise _malformed(f"{_FIELD}.class", "must be a string")
-    counter = document["random_counter"]
+    if type(document[CLASS_MEMBER]) is not str:
+        raise _malformed(f"{_FIELD}.{CLASS_MEMBER}", "must be a string")
+    counter = document[COUNTER_MEMBER]
     if counter is not None and (type(counter) is not int or counter < 0):
-        raise _malformed(f"{_FIELD}.random_counter", "must be null or a non-negative integer")
-    tensors = _str_list(document["tensors"], f"{_FIELD}.tensors")
+        raise _malformed(f"{_FIELD}.{COUNTER_MEMBER}", "must be null or a non-negative integer")
+    tensors = _str_list(document[TENSORS_MEMBER], f"{_FIELD}.{TENSORS_MEMBER}")
     if len(set(tensors)) != len(tensors) or set(tensors) != set(header.entries):
         raise SchemaMismatchError(
-            f"{_FIELD}.tensors lists {len(tensors)} names; the file holds"
+            f"{_FIELD}.{TENSORS_MEMBER} lists {len(tensors)} names; the file holds"
             f" {len(header.entries)} tensors (each must be listed exactly once)",
-            field=f"{_FIELD}.tensors",
+            field=f"{_FIELD}.{TENSORS_MEMBER}",
             actual=sorted(set(tensors) ^ set(header.entries))[:5],
         )
-    if type(document["groups"]) is not list:
-        raise _malformed(f"{_FIELD}.groups", "must be a list")
-    groups = tuple(_group(g, f"{_FIELD}.groups[{i}]") for i, g in enumerate(document["groups"]))
+    raw_groups = document[GROUPS_MEMBER]
+    if type(raw_groups) is not list:
+        raise _malformed(f"{_FIELD}.{GROUPS_MEMBER}", "must be a list")
+    groups = tuple(_group(g, f"{_FIELD}.{GROUPS_MEMBER}[{i}]") for i, g in enumerate(raw_groups))
     names = [n for g in groups for n in g.names]
     if len(set(names)) != len(names):
-        raise _malformed(f"{_FIELD}.groups", "names a parameter twice")
-    state = document["state"]
+        raise _malformed(f"{_FIELD}.{GROUPS_MEMBER}", "names a parameter twice")
+    state = document[STATE_MEMBER]
     if type(state) is not dict or not all(
         type(k) is str and type(v) is dict and all(type(key) is str for key in v)
         for k, v in state.items()
     ):
-        raise _malformed(f"{_FIELD}.state", "must map parameter names to objects")
+        raise _malformed(f"{_FIELD}.{STATE_MEMBER}", "must map parameter names to objects")
     unknown = sorted(set(state) - set(names))
     if unknown:
         raise SchemaMismatchError(
-            f"{_FIELD}.state holds parameters no group names: {unknown[:5]}",
-            field=f"{_FIELD}.state",
+            f"{_FIELD}.{STATE_MEMBER} holds parameters no group names: {unknown[:5]}",
+            field=f"{_FIELD}.{STATE_MEMBER}",
             actual=unknown[:5],
         )
     found: list[tuple[int, tuple]] = []
-    _placeholders([g.options for g in groups], (DOCUMENT_KEY, "groups"), found)
-    _placeholders(state, (DOCUMENT_KEY, "state"), found)
+    _placeholders([g.options for g in groups], (DOCUMENT_KEY, GROUPS_MEMBER), found)
+    _placeholders(state, (DOCUMENT_KEY, STATE_MEMBER), found)
     indexes = sorted(i for i, _ in found)
     if indexes != list(range(len(tensors))):
         raise MalformedError(
@@ -272,4 +294,4 @@ def parse_document(header: Header) -> TreeDocument:
             field=_FIELD,
             actual=indexes[:10],
         )
-    return TreeDocument(document["class"], counter, tuple(tensors), groups, state)
+    return TreeDocument(document[CLASS_MEMBER], counter, tuple(tensors), groups, state)

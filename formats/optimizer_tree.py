@@ -36,11 +36,22 @@ is still read by ``load_optimizer``, which looks for the entry in the header wha
 
 from __future__ import annotations
 
+from .safetensors import METADATA_KEY
+
 __all__ = [
     "DOCUMENT_KEY",
     "FORMAT_TAG",
     "VERSION",
     "DOCUMENT_KEYS",
+    "FORMAT_MEMBER",
+    "VERSION_MEMBER",
+    "CLASS_MEMBER",
+    "COUNTER_MEMBER",
+    "TENSORS_MEMBER",
+    "GROUPS_MEMBER",
+    "STATE_MEMBER",
+    "PARAMS_MEMBER",
+    "OPTIONS_MEMBER",
     "GROUP_KEYS",
     "STATE_PREFIX",
     "GROUP_PREFIX",
@@ -60,10 +71,28 @@ DOCUMENT_KEY = "tlckpt.optimizer_tree"
 FORMAT_TAG = "tlckpt.optimizer_tree"
 #: The document's layout version that this module describes.
 VERSION = 1
-#: The document's members, exactly these.
-DOCUMENT_KEYS = ("format", "version", "class", "random_counter", "tensors", "groups", "state")
-#: A group's members, exactly these.
-GROUP_KEYS = ("params", "options")
+#: The document's members.
+FORMAT_MEMBER = "format"
+VERSION_MEMBER = "version"
+CLASS_MEMBER = "class"
+COUNTER_MEMBER = "random_counter"
+TENSORS_MEMBER = "tensors"
+GROUPS_MEMBER = "groups"
+STATE_MEMBER = "state"
+#: The document's members, exactly these, in the order the writer emits them.
+DOCUMENT_KEYS = (
+    FORMAT_MEMBER,
+    VERSION_MEMBER,
+    CLASS_MEMBER,
+    COUNTER_MEMBER,
+    TENSORS_MEMBER,
+    GROUPS_MEMBER,
+    STATE_MEMBER,
+)
+#: A group's members: its parameters (``[name, dtype word, shape]`` each) and its options.
+PARAMS_MEMBER = "params"
+OPTIONS_MEMBER = "options"
+GROUP_KEYS = (PARAMS_MEMBER, OPTIONS_MEMBER)
 #: Tensor names: state tensors, and tensor-valued group options.
 STATE_PREFIX = "state/"
 GROUP_PREFIX = "groups/"
@@ -78,4 +107,4 @@ EXECUTION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 #: ``named_parameters()``: the live run's, like the parameters themselves.
 NAMES_KEY = "param_names"
 #: How every file the writer makes begins after its 8-byte header length.
-HEAD = ('{"__metadata__":{"' + DOCUMENT_KEY + '":').encode()
+HEAD = ('{"' + METADATA_KEY + '":{"' + DOCUMENT_KEY + '":').encode()

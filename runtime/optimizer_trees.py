@@ -30,7 +30,7 @@ holds: nothing is cast, so a resume is bit-exact.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,6 +60,7 @@ from ..formats.optimizer_tree import (
     STATE_PREFIX,
     VERSION,
 )
+from .optimizer_tree_checks import check_entries, check_form, check_live
 from .plans import OptimizerPlan, committing, install_state
 from .slots import ModuleOrParams, named_tensors
 from .tensor_files import dtype_word, read_entry, tensor_data
@@ -229,6 +230,12 @@ def save(
     tensors = _Tensors()
     groups, state = [], {}
     for g, (group, members) in enumerate(zip(optimizer.param_groups, live)):
+        bad = [k for k in group if type(k) is not str]
+        if bad:
+            raise ConfigError(
+                f"param_groups[{g}] has a key that is not a string: {bad[0]!r}",
+                field=f"param_groups[{g}]",
+            )
         options = {
             key: tensors.collect(value, f"{GROUP_PREFIX}{g}{SEPARATOR}{key}")
             for key, value in group.items()
@@ -237,7 +244,7 @@ def save(
         groups.append(GroupRecord(_described(members), options))
         for name, p in members:
             entry = optimizer.state.get(p)
-            if not entry:
+            if entry is None:  # an empty entry is kept: torch's state_dict lists it too
                 continue
             bad = [k for k in entry if type(k) is not str]
             if bad:
@@ -283,86 +290,6 @@ class TreePlan(OptimizerPlan):
                 group.update(values)
 
 
-def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """``(path, leaf)`` of a decoded value, containers descended (lists, tuples, dicts)."""
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _walk(v, f"{path}[{i}]")
-    elif type(value) is dict:
-        for k, v in value.items():
-            yield from _walk(v, f"{path}.{k}")
-    else:
-        yield path, value
-
-
-def _shape_of(value: Any) -> Any:
-    """What must agree between two state entries: container kinds and lengths, and
-    whether each leaf is a tensor (its values may differ)."""
-    if isinstance(value, torch.Tensor) or is_placeholder(value):
-        return "tensor"
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, len(value))
-    if type(value) is dict:
-        return ("dict", tuple(value))
-    return "value"
-
-
-def _check_entries(document: TreeDocument) -> None:
-    """Within a group, every parameter of one rank with state has the same keys, each with a
-    value of the same kind (a tensor or not). By rank, because optimizers factor by it
-    (Adafactor keeps ``row_var``/``col_var`` for a matrix, ``variance`` for a vector)."""
-    for g, group in enumerate(document.groups):
-        firsts: dict[int, tuple[str, dict[str, Any]]] = {}
-        for name, _, shape in group.params:
-            entry = document.state.get(name)
-            if entry is None:
-                continue
-            first = firsts.get(len(shape))
-            if first is None:
-                firsts[len(shape)] = (name, {k: _shape_of(v) for k, v in entry.items()})
-                continue
-            kinds = {k: _shape_of(v) for k, v in entry.items()}
-            if set(kinds) != set(first[1]):
-                raise SchemaMismatchError(
-                    f"the state of {name!r} has keys {sorted(kinds)}; {first[0]!r} of the same"
-                    f" group has {sorted(first[1])}",
-                    field=f"state.{name}",
-                    actual=sorted(kinds),
-                    expected=sorted(first[1]),
-                )
-            for k, kind in kinds.items():
-                if (kind == "tensor") != (first[1][k] == "tensor"):
-                    raise SchemaMismatchError(
-                        f"state {name!r}.{k} and {first[0]!r}.{k} (group {g}) differ in kind",
-                        field=f"state.{name}.{k}",
-                    )
-
-
-def _check_live(name: str, new: dict[str, Any], live: dict[str, Any]) -> None:
-    """The file's state of a parameter against the live optimizer's (a resumed run): the
-    same keys; tensors of the same shape and dtype where both have one."""
-    if set(new) != set(live):
-        raise SchemaMismatchError(
-            f"the file's state of {name!r} has keys {sorted(new)}; the optimizer's has"
-            f" {sorted(live)}",
-            field=f"state.{name}",
-            actual=sorted(new),
-            expected=sorted(live),
-        )
-    for key in new:
-        pairs = zip(_walk(new[key], f"{name}.{key}"), _walk(live[key], f"{name}.{key}"))
-        for (where, a), (_, b) in pairs:
-            tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            if tensors and (a.shape != b.shape or a.dtype != b.dtype):
-                raise SchemaMismatchError(
-                    f"state {where} is {a.dtype} {list(a.shape)} in the file; the"
-                    f" optimizer's is {b.dtype} {list(b.shape)}",
-                    field=f"state.{where}",
-                    actual=(str(a.dtype), list(a.shape)),
-                    expected=(str(b.dtype), list(b.shape)),
-                )
-
-
 def _placed(value: Any, tensors: list[torch.Tensor], device: torch.device) -> Any:
     """A decoded value with placeholders replaced by the file's tensors on ``device``."""
     if is_placeholder(value):
@@ -375,10 +302,12 @@ def _placed(value: Any, tensors: list[torch.Tensor], device: torch.device) -> An
 
 
 def _read_document(
-    path: PathOrFile, optimizer: torch.optim.Optimizer
+    path: PathOrFile,
+    optimizer: torch.optim.Optimizer,
+    check: Callable[[TreeDocument], None],
 ) -> tuple[TreeDocument, list[torch.Tensor]]:
-    """The file's checked document and every tensor it lists, in its order (read in file
-    order, each into a fresh CPU tensor)."""
+    """The file's document, checked whole and by ``check`` before any tensor is read, and
+    every tensor it lists, in its order (read in file order, each into a fresh CPU tensor)."""
     with open_source(path) as src:
         family = sniff_family(src.file)
         if family not in (FAMILY, SAFETENSORS):
@@ -397,6 +326,7 @@ def _read_document(
                 field="__metadata__",
             )
         document = parse_document(header)
+        check(document)
         entries = [header.entries[n] for n in document.tensors]
         order = sorted(range(len(entries)), key=lambda i: entries[i].begin)
         tensors: list[Any] = [None] * len(entries)
@@ -423,25 +353,28 @@ def plan_load(
     """
     names = parameter_names(module_or_params)
     live = _live_groups(optimizer, names)
-    document, tensors = _read_document(path, optimizer)
-    if document.optimizer_class != class_name(optimizer):
-        raise ConfigError(
-            f"the file holds {document.optimizer_class} state; the optimizer is"
-            f" {class_name(optimizer)}",
-            field="class",
-            actual=document.optimizer_class,
-            expected=class_name(optimizer),
-        )
-    target = OptimizerTreeTarget(class_name(optimizer), tuple(_described(m) for m in live))
-    check_against(document, target)
-    if document.random_counter is not None and not restore_random_counter:
-        raise ConfigError(
-            f"the file holds a random counter ({document.random_counter}) and the caller has"
-            " nowhere to put it; pass restore_random_counter=True and restore it",
-            field="random_counter",
-            actual=document.random_counter,
-        )
-    _check_entries(document)
+
+    def check(document: TreeDocument) -> None:
+        if document.optimizer_class != class_name(optimizer):
+            raise ConfigError(
+                f"the file holds {document.optimizer_class} state; the optimizer is"
+                f" {class_name(optimizer)}",
+                field="class",
+                actual=document.optimizer_class,
+                expected=class_name(optimizer),
+            )
+        target = OptimizerTreeTarget(class_name(optimizer), tuple(_described(m) for m in live))
+        check_against(document, target)
+        if document.random_counter is not None and not restore_random_counter:
+            raise ConfigError(
+                f"the file holds a random counter ({document.random_counter}) and the caller"
+                " has nowhere to put it; pass restore_random_counter=True and restore it",
+                field="random_counter",
+                actual=document.random_counter,
+            )
+        check_entries(document)
+
+    document, tensors = _read_document(path, optimizer, check)
     state: dict[torch.Tensor, dict] = {}
     options: list[dict[str, Any]] = []
     for group, members, record in zip(optimizer.param_groups, live, document.groups):
@@ -455,8 +388,8 @@ def plan_load(
                 host = key in _HOST_STEP_KEYS and not on_device
                 new[key] = _placed(value, tensors, torch.device("cpu") if host else p.device)
             live_entry = optimizer.state.get(p)
-            if live_entry:
-                _check_live(name, new, live_entry)
+            if live_entry and new:
+                check_live(name, new, live_entry)
                 for key, value in new.items():  # the live optimizer's own form, where known
                     held = live_entry[key]
                     if isinstance(value, torch.Tensor) and isinstance(held, torch.Tensor):
@@ -468,5 +401,6 @@ def plan_load(
                 current = group[key]
                 device = current.device if isinstance(current, torch.Tensor) else "cpu"
                 values[key] = _placed(value, tensors, torch.device(device))
+                check_form(values[key], current, f"param_groups[{len(options)}].{key}")
         options.append(values)
     return TreePlan(optimizer, state, options, document.random_counter)

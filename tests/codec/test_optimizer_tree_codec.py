@@ -11,7 +11,14 @@ import numpy as np
 import orjson
 import pytest
 
-from tlckpt.codec import CheckpointError, MalformedError, SchemaMismatchError, inspect
+from tlckpt.codec import (
+    CheckpointError,
+    MalformedError,
+    SchemaMismatchError,
+    UnsupportedFormatError,
+    UnsupportedVersionError,
+    inspect,
+)
 from tlckpt.codec.families import family_named
 from tlckpt.codec.inspection import sniff_family
 from tlckpt.codec.optimizer_tree import (
@@ -157,10 +164,19 @@ HOSTILE = {
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_documents_are_refused(case: str) -> None:
     data = _file({DOCUMENT_KEY: "{not json"}) if case == "not json" else _edited(HOSTILE[case])
-    with pytest.raises((MalformedError, SchemaMismatchError)):
+    with pytest.raises(
+        (MalformedError, SchemaMismatchError, UnsupportedFormatError, UnsupportedVersionError)
+    ):
         _parse(data)
     with pytest.raises(CheckpointError):
         inspect(io.BytesIO(data))
+
+
+def test_version_and_format_errors_are_typed() -> None:
+    with pytest.raises(UnsupportedVersionError):
+        _parse(_edited(lambda d: d.update(version=2)))
+    with pytest.raises(UnsupportedFormatError):
+        _parse(_edited(lambda d: d.update(format="other")))
 
 
 def test_duplicate_keys_are_refused() -> None:

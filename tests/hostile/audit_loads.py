@@ -164,6 +164,7 @@ def main(vectors: Path, work: Path) -> dict:
         for f in tree_files:
             yield f"load_optimizer:{f.name}", lambda p: tlckpt.load_optimizer(sgd, model, p), f
             yield f"tlckpt.inspect:{f.name}", tlckpt.inspect, f
+            yield f"open_checkpoint:{f.name}", open_and_read, f
             yield f"cli validate:{f.name}", lambda p: cli_main(["validate", str(p)]), f
         yield (
             f"load_checkpoint:{tree_set.name}",

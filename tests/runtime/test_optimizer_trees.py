@@ -26,7 +26,13 @@ from tlckpt import inspect
 from tlckpt.codec.errors import CheckpointError, ConfigError, SchemaMismatchError
 from tlckpt.codec.safetensors import read_metadata
 from tlckpt.formats.optimizer_tree import DOCUMENT_KEY
-from tlckpt.runtime import CheckpointManager, load_optimizer, save_optimizer
+from tlckpt.runtime import (
+    CheckpointManager,
+    load_module_state,
+    load_optimizer,
+    open_checkpoint,
+    save_optimizer,
+)
 from tlckpt.runtime.tensor_files import load_tensors, save_tensors
 
 STEPS = 3
@@ -193,7 +199,10 @@ def test_resume_through_checkpoint_manager(name: str, tmp_path: Path) -> None:
     model, opt = build(name)
     train(model, opt, 0, STEPS)
     manager = CheckpointManager(tmp_path / "run")
-    manager.save(STEPS, model=model, optimizer=opt)
+    folder = manager.save(STEPS, model=model, optimizer=opt).wait()
+    manifest = orjson.loads((Path(folder) / "manifest.json").read_bytes())
+    family = manifest["members"]["optimizer"]["family"]
+    assert family == "optimizer_tree" if name in TREES else family in ("adam", "tlckpt_optimizer")
 
     fresh_model, fresh_opt = build(name, seed=1)
     restored = manager.restore(model=fresh_model, optimizer=fresh_opt)
@@ -215,6 +224,16 @@ def test_tied_parameter_is_named_once_and_frozen_is_absent(tmp_path: Path) -> No
     assert info["class"] == "torch.optim.sgd.SGD"
     tensors = load_tensors(tmp_path / "o.safetensors")
     assert set(tensors) == {f"state/{n}/momentum_buffer" for n in names}
+
+
+def test_empty_state_entries_are_kept(tmp_path: Path) -> None:
+    model, opt = build("RMSprop")
+    train(model, opt, 0, 1)
+    opt.state[model.norm.weight].clear()  # looked up, never stepped: torch lists it
+    save_optimizer(opt, model, tmp_path / "o.safetensors")
+    fresh = _rebuilt("RMSprop", model)
+    load_optimizer(fresh, model, tmp_path / "o.safetensors")
+    assert_same_value(opt.state_dict(), fresh.state_dict(), "loaded")
 
 
 def test_lbfgs_lists_of_tensors_are_held(tmp_path: Path) -> None:
@@ -360,6 +379,9 @@ def test_missing_state_key_is_refused(tmp_path: Path) -> None:
         lambda d: d["state"]["lin.weight"].update(momentum_buffer={"$tensor": ["file_tensor", 0]}),
         lambda d: d["state"]["lin.weight"].update(momentum_buffer={"$tensor": ["float32", 1.0]}),
         lambda d: d.update(random_counter=-1),
+        lambda d: d["groups"][0]["options"].update(lr="fast"),
+        lambda d: d["groups"][1]["options"].update(nesterov=1),
+        lambda d: d["groups"][0]["options"].update(momentum=[0.9]),
     ],
 )
 def test_edited_documents_are_refused(tmp_path: Path, edit: Callable[[dict], None]) -> None:
@@ -465,3 +487,78 @@ def test_non_finite_hyperparameters_are_exact(tmp_path: Path) -> None:
     nan, zero, big = live.param_groups[0]["custom"]
     assert math.isnan(nan) and struct.pack("<d", zero) == struct.pack("<d", -0.0)
     assert big == 2**80
+
+
+class Averaging(torch.optim.Optimizer):
+    """A custom optimizer: a running average, a count, a tuple history, a tensor option."""
+
+    def __init__(self, params: Any, lr: float = 0.1):
+        super().__init__(params, {"lr": lr, "scale": torch.tensor(0.5, dtype=torch.float64)})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["avg"] = torch.zeros_like(p)
+                    state["count"] = 0
+                    state["history"] = ()
+                state["count"] += 1
+                state["avg"].lerp_(p.grad, float(group["scale"]))
+                state["history"] = (*state["history"][-1:], {"n": state["count"], "g": p.grad[0]})
+                p.add_(state["avg"], alpha=-group["lr"])
+        return loss
+
+
+def test_a_custom_optimizer_resumes_exactly(tmp_path: Path) -> None:
+    def make(model: Net) -> Averaging:
+        return Averaging(_two_groups(0.1)(model))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = make(model)
+    train(model, opt, 0, 3)
+    save_optimizer(opt, model, tmp_path / "o.safetensors")
+    assert inspect(tmp_path / "o.safetensors")["class"].endswith(".Averaging")
+    fresh = make(model)
+    load_optimizer(fresh, model, tmp_path / "o.safetensors")
+    assert_same_value(opt.state_dict(), fresh.state_dict(), "loaded")
+    assert fresh.state[model.lin.weight]["history"][-1]["n"] == 3
+    _refused(_rebuilt("SGD", model), model, tmp_path / "o.safetensors", ConfigError)
+
+
+def test_open_checkpoint_and_load_tensors_read_a_tree(tmp_path: Path) -> None:
+    model, opt, path = _saved(tmp_path)
+    with open_checkpoint(path) as f:
+        assert f.family == "optimizer_tree"
+        buffer = f.tensor("state/lin.weight/momentum_buffer")
+    live = opt.state[model.lin.weight]["momentum_buffer"]
+    assert torch.equal(words(buffer), words(live))
+    assert set(load_tensors(path)) == set(f.names())
+    with pytest.raises(CheckpointError):  # not model state
+        load_module_state(model, path)
+
+
+def test_a_frozen_parameter_keeps_its_state_in_its_group(tmp_path: Path) -> None:
+    model, opt = build("RMSprop")
+    train(model, opt, 0, 2)
+    model.lin.weight.requires_grad_(False)  # gradual unfreezing: torch keeps its state
+    train(model, opt, 2, 1)
+    save_optimizer(opt, model, tmp_path / "o.safetensors")
+    fresh_model, fresh = build("RMSprop", seed=1)
+    fresh_model.load_state_dict(model.state_dict())
+    fresh_model.lin.weight.requires_grad_(False)
+    load_optimizer(fresh, fresh_model, tmp_path / "o.safetensors")
+    assert_same_run(model, opt, fresh_model, fresh)
+    for m in (model, fresh_model):
+        m.lin.weight.requires_grad_(True)
+    train(model, opt, 3, 2)
+    train(fresh_model, fresh, 3, 2)
+    assert_same_run(model, opt, fresh_model, fresh)
