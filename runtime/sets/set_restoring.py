@@ -32,6 +32,7 @@ from ..placement.collectives import broadcast_bytes, is_writer
 from ..placement.local_placement import LOCAL
 from ..placement.placement_protocol import Placement
 from . import training_state
+from .multi_set_restoring import restore_structured, targets_structured
 
 __all__ = ["Restored", "Targets", "restore_set", "restore_latest"]
 
@@ -117,9 +118,11 @@ def restore_set(
             not fit the objects; nothing live has changed.
         OSError: from the file system; nothing live has changed.
     """
-    require_module(targets.model)
+    structured = targets_structured(targets.model, targets.optimizer, targets.scheduler)
+    if not structured:
+        require_module(targets.model)
     key = as_key(key)  # a bad key is the caller's error, never a set to pass over
-    placement = placement_for(targets.model)
+    placement = LOCAL if structured else placement_for(targets.model)
     if placement is not LOCAL:
         return _restore_sharded(placement, folder, targets, key)
     with contextlib.ExitStack() as stack:
@@ -139,6 +142,18 @@ def restore_set(
                     raise _Unverified() from exc
                 raise
 
+        if structured or verified.manifest.version != 1:
+            # Sets of several objects, or of other families: :mod:`.multi_set_restoring`.
+            step, counter, extra = restore_structured(
+                verified,
+                state,
+                targets.model,
+                targets.optimizer,
+                targets.scheduler,
+                targets.rng,
+                digests_verified,
+            )
+            return Restored(step, counter, extra)
         return _fit_and_commit(
             placement,
             verified,
@@ -240,10 +255,18 @@ def _restore_sharded(
             manifest = verified.manifest
             broadcast_bytes(verified.manifest_bytes)
             broadcast_bytes(verified.file("training_state").read())  # the handle it checked
-            return _fit_and_commit(placement, verified, state, manifest, targets)
-        manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
-        state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
-        return _fit_and_commit(placement, None, state, manifest, targets)
+        else:
+            verified = None
+            manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
+            state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
+        if manifest.version != 1:
+            raise CheckpointError(
+                "a sharded (DTensor) model is restored from sets of one model, one"
+                " Adam/AdamW optimizer and one scheduler only; this set is of version"
+                f" {manifest.version} (several objects, or a safetensors member)",
+                field="version",
+            )
+        return _fit_and_commit(placement, verified, state, manifest, targets)
 
 
 def restore_latest(
