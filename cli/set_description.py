@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..codec.sets.set_document_writing import member_fields
 from ..codec.sets.set_documents import Manifest
 from ..codec.sets.set_folders import read_manifest
 
@@ -22,22 +23,7 @@ def set_description(folder: str | os.PathLike) -> dict[str, Any]:
         OSError: from the file system.
     """
     manifest: Manifest = read_manifest(folder, authenticate=False)
-    members = {}
-    for role, m in manifest.members.items():
-        entry: dict[str, Any] = {
-            "file": m.file,
-            "family": m.family,
-            "version": m.version,
-            "size": m.size,
-            "digest": m.digest,
-        }
-        if m.tensors is not None:
-            entry["tensors"] = [[name, list(shape)] for name, shape in m.tensors]
-            entry["tied"] = dict(m.tied or {})
-        if m.models is not None:
-            entry["models"] = list(m.models)
-            entry["groups"] = m.groups
-        members[role] = entry
+    members = {role: member_fields(m) for role, m in manifest.members.items()}
     structure = None
     if manifest.structure is not None:
         structure = {

@@ -423,30 +423,10 @@ MEMBER_SUFFIXES_V2 = {
     "optimizer": (".tladam", ".safetensors"),
     "training_state": (".json",),
 }
-#: Version 2's manifest keys (unsigned and signed).
-MANIFEST_KEYS_V2 = (
-    "format",
-    "version",
-    "step",
-    "library",
-    "digest",
-    "members",
-    "structure",
-    "world_size",
-    "self_digest",
-)
-SIGNED_MANIFEST_KEYS_V2 = (
-    "format",
-    "version",
-    "step",
-    "library",
-    "digest",
-    "key_id",
-    "members",
-    "structure",
-    "world_size",
-    "mac",
-)
+#: Version 2's manifest keys (unsigned and signed): version 1's, in the same order, with
+#: ``structure`` in place of ``state``.
+MANIFEST_KEYS_V2 = tuple("structure" if k == "state" else k for k in MANIFEST_KEYS)
+SIGNED_MANIFEST_KEYS_V2 = tuple("structure" if k == "state" else k for k in SIGNED_MANIFEST_KEYS)
 #: Version 2's member entries, by role.
 MODEL_MEMBER_KEYS_V2 = (*MEMBER_KEYS, "tensors", "tied")
 OPTIMIZER_MEMBER_KEYS_V2 = (*MEMBER_KEYS, "models", "groups")

@@ -41,12 +41,11 @@ from ...formats.safetensors import DTYPE_BY_NAME, METADATA_KEY
 from ..errors import (
     MalformedError,
     SchemaMismatchError,
-    UnsupportedFormatError,
-    UnsupportedVersionError,
 )
-from ..exact_json.json_document import duplicate_key_anywhere
+from ..exact_json.json_document import parse_embedded_json
 from ..safetensors.header import Header
 from ..sets.exact_values import TensorScalar, decode_value, encode_value, json_path
+from ..sets.set_document_checks import check_format
 
 __all__ = [
     "GroupRecord",
@@ -225,32 +224,11 @@ def parse_document(header: Header) -> TreeDocument:
     text = (header.metadata or {}).get(DOCUMENT_KEY)
     if text is None:
         raise MalformedError(f"the file has no {_FIELD}: it is not an optimizer tree", field=_FIELD)
-    try:
-        raw = text.encode()
-        loaded = orjson.loads(raw)
-    except (orjson.JSONDecodeError, UnicodeEncodeError) as exc:
-        raise MalformedError(f"{_FIELD} is not JSON: {exc}", field=_FIELD) from None
-    duplicate = duplicate_key_anywhere(raw)
-    if duplicate is not None:
-        raise MalformedError(f"{_FIELD} names {duplicate!r} twice", field=_FIELD)
+    loaded = parse_embedded_json(text, _FIELD)
     document = decode_value(loaded, (DOCUMENT_KEY,))
     if type(document) is not dict or set(document) != set(DOCUMENT_KEYS):
         raise _malformed(_FIELD, f"must be an object of {', '.join(DOCUMENT_KEYS)}")
-    tag, version = document[FORMAT_MEMBER], document[VERSION_MEMBER]
-    if type(tag) is not str or tag != FORMAT_TAG:
-        raise UnsupportedFormatError(
-            f"{_FIELD}.{FORMAT_MEMBER} is {tag!r:.60}; an optimizer tree's is {FORMAT_TAG!r}",
-            field=f"{_FIELD}.{FORMAT_MEMBER}",
-            actual=tag,
-            expected=FORMAT_TAG,
-        )
-    if type(version) is not int or version != VERSION:
-        raise UnsupportedVersionError(
-            f"{_FIELD}.{VERSION_MEMBER} is {version!r}; this reader knows {VERSION}",
-            field=f"{_FIELD}.{VERSION_MEMBER}",
-            actual=version,
-            expected=VERSION,
-        )
+    check_format(document, FORMAT_TAG, VERSION, "tlckpt optimizer tree", f"{_FIELD}.")
     if type(document[CLASS_MEMBER]) is not str:
         raise _malformed(f"{_FIELD}.{CLASS_MEMBER}", "must be a string")
     counter = document[COUNTER_MEMBER]

@@ -24,6 +24,7 @@ from ..errors import SchemaMismatchError
 from ..families import FamilyExample, FamilyHandler
 from ..fileio.source import PathOrFile, open_source
 from ..inspection import file_size
+from ..safetensors.family import describe_header
 from ..safetensors.reader import read_array, read_header
 from ..safetensors.writer import write_safetensors
 from ..sets.exact_values import encode_value
@@ -119,16 +120,7 @@ class _OptimizerTreeFamily(FamilyHandler):
             "state": {name: sorted(values) for name, values in document.state.items()},
             "version": VERSION,
             "random_counter": document.random_counter,
-            "tensors": [
-                {
-                    "name": e.name,
-                    "dtype": e.dtype.name,
-                    "shape": list(e.shape),
-                    "elements": e.elements,
-                    "bytes": e.nbytes,
-                }
-                for e in header.entries.values()
-            ],
+            "tensors": describe_header(header),
             "header_bytes": header.header_length,
             "bytes": file_size(file),
         }

@@ -69,6 +69,7 @@ __all__ = [
     "parse_manifest",
     "parse_training_state",
     "self_digest",
+    "check_self_digest",
     "MANIFEST_READERS",
 ]
 
@@ -307,17 +308,7 @@ def parse_manifest(
     )
     if signed:
         return manifest
-    recorded = _hex_field(document["self_digest"], _HEX, "self_digest")
-    computed = self_digest(document)
-    if computed != recorded:
-        raise IntegrityError(
-            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
-            " bytes are damaged)",
-            check="manifest digest",
-            field="self_digest",
-            actual=computed,
-            expected=recorded,
-        )
+    check_self_digest(document)
     return manifest
 
 
@@ -429,6 +420,26 @@ def parse_training_state(data: bytes, limit: int) -> TrainingState:
         rng=_rng(document["rng"]),
         extra=decode_value(document["extra"], ("extra",)),
     )
+
+
+def check_self_digest(document: dict[str, Any]) -> None:
+    """Check an unsigned manifest's own digest (``self_digest``) against its other fields.
+
+    Raises:
+        MalformedError: ``self_digest`` is not a digest.
+        IntegrityError: it differs: the manifest's bytes are damaged.
+    """
+    recorded = _hex_field(document["self_digest"], _HEX, "self_digest")
+    computed = self_digest(document)
+    if computed != recorded:
+        raise IntegrityError(
+            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
+            " bytes are damaged)",
+            check="manifest digest",
+            field="self_digest",
+            actual=computed,
+            expected=recorded,
+        )
 
 
 def self_digest(document: dict[str, Any]) -> str:

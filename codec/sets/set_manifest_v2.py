@@ -14,20 +14,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from ...formats import checkpoint_set as layout
 from ...formats.checkpoint_set import (
     DIGEST_ALGORITHM,
     KEYED_DIGEST_ALGORITHM,
-    MAC_SUFFIX_PREFIX,
     MANIFEST_KEYS_V2,
     MAX_STRUCTURE_KEYS,
     MEMBER_KEYS,
     MEMBER_SUFFIXES_V2,
     MODEL_MEMBER_KEYS_V2,
     OPTIMIZER_MEMBER_KEYS_V2,
-    SET_FORMAT,
     SET_VERSION_2,
     SIGNED_MANIFEST_KEYS_V2,
     STEP_MAX,
@@ -41,7 +37,12 @@ from ..errors import IntegrityError, MalformedError
 from .set_document_checks import exact_keys, integer_field, short, string_field
 
 # The version-1 reader's and writer's field checks, shared so that both versions check alike.
-from .set_document_writing import _check_manifest_values, _writer_check
+from .set_document_writing import (
+    _check_manifest_values,
+    manifest_head,
+    member_fields,
+    seal_manifest,
+)
 from .set_documents import (
     _FAMILY,
     _HEX,
@@ -53,7 +54,7 @@ from .set_documents import (
     _authenticate,
     _hex_field,
     _state,
-    self_digest,
+    check_self_digest,
 )
 from .set_keys import SetKey
 
@@ -278,38 +279,11 @@ def parse_manifest_v2(
     )
     if signed:
         return manifest
-    recorded = _hex_field(document["self_digest"], _HEX, "self_digest")
-    computed = self_digest(document)
-    if computed != recorded:
-        raise IntegrityError(
-            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
-            " bytes are damaged)",
-            check="manifest digest",
-            field="self_digest",
-            actual=computed,
-            expected=recorded,
-        )
+    check_self_digest(document)
     return manifest
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def _record(member: str, m: MemberRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "file": m.file,
-        "family": m.family,
-        "version": m.version,
-        "size": m.size,
-        "digest": m.digest,
-    }
-    if m.tensors is not None:
-        out["tensors"] = [[name, list(shape)] for name, shape in m.tensors]
-        out["tied"] = dict(m.tied or {})
-    if m.models is not None:
-        out["models"] = list(m.models)
-        out["groups"] = m.groups
-    return out
 
 
 def build_manifest_v2(
@@ -330,17 +304,9 @@ def build_manifest_v2(
         t for m in members.values() for t in (m.tensors or ())
     ]
     _check_manifest_values(step, library, tensors, world_size)
-    document: dict[str, Any] = {
-        "format": SET_FORMAT,
-        "version": SET_VERSION_2,
-        "step": step,
-        "library": library,
-        "digest": DIGEST_ALGORITHM if key is None else KEYED_DIGEST_ALGORITHM,
-    }
-    if key is not None:
-        document["key_id"] = key.key_id
+    document = manifest_head(SET_VERSION_2, step, library, key)
     document |= {
-        "members": {member: _record(member, m) for member, m in members.items()},
+        "members": {member: member_fields(m) for member, m in members.items()},
         "structure": {
             role: None
             if structure.get(role) is None
@@ -349,20 +315,7 @@ def build_manifest_v2(
         },
         "world_size": world_size,
     }
-    if key is not None:
-        body = orjson.dumps(document)[:-1]
-        data = body + MAC_SUFFIX_PREFIX + key.mac(body).encode("ascii") + b'"}'
-    else:
-        document["self_digest"] = self_digest(document)
-        data = orjson.dumps(document)
-    _writer_check(
-        len(data) <= layout.LIMITS.manifest_bytes,
-        "manifest",
-        f"would have {len(data):,} bytes, more than the {layout.LIMITS.manifest_bytes:,} a"
-        " reader takes",
-        len(data),
-    )
-    return data
+    return seal_manifest(document, key)
 
 
 MANIFEST_READERS[SET_VERSION_2] = parse_manifest_v2

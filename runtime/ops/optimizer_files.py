@@ -164,7 +164,11 @@ def save(
     """
     if not isinstance(optimizer, torch.optim.Adam):
         return optimizer_trees.save(
-            optimizer, module_or_params, path, random_counter, require_torchlean
+            optimizer,
+            module_or_params,
+            path,
+            random_counter=random_counter,
+            require_torchlean=require_torchlean,
         )
 
     def check() -> tuple[AdamBinding, dict[int, SlotState], Any, list[torch.Tensor]]:

@@ -54,6 +54,7 @@ from ...codec.optimizers.optimizer_tree import (
     placeholder,
 )
 from ...codec.optimizers.optimizer_tree_family import OptimizerTreeTarget, check_against
+from ...codec.safetensors.family import SAFETENSORS_FAMILY
 from ...codec.safetensors.reader import read_header
 from ...codec.safetensors.writer import write_safetensors
 from ...formats.optimizer_tree import (
@@ -72,9 +73,6 @@ from .tensor_files import dtype_word, read_entry, tensor_data
 
 __all__ = ["save", "plan_load", "TreePlan", "class_name", "parameter_names"]
 
-#: The plain safetensors family: a tree rewritten by another tool (its header reordered) is
-#: not told from its head, and is read all the same when its metadata holds the document.
-SAFETENSORS = "safetensors"
 #: State keys torch keeps on the CPU unless the group is capturable or fused.
 _HOST_STEP_KEYS = ("step",)
 
@@ -85,8 +83,16 @@ def class_name(optimizer: torch.optim.Optimizer) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _is_local(t: torch.Tensor) -> bool:
-    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+def _require_local(t: torch.Tensor, name: str, what: str) -> None:
+    """Refuse a tensor that is not dense and local (a DTensor, a sparse tensor): ``what`` is
+    the message's start, naming it."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+        raise CheckpointError(
+            f"{what} is a {type(t).__name__} of layout {t.layout}: optimizer trees hold dense"
+            " local tensors (sharded ones are not supported yet)",
+            field=name,
+            actual=type(t).__name__,
+        )
 
 
 def parameter_names(module_or_params: ModuleOrParams) -> dict[int, str]:
@@ -106,13 +112,7 @@ def parameter_names(module_or_params: ModuleOrParams) -> dict[int, str]:
     )
     names: dict[int, str] = {}
     for name, t in items:
-        if not _is_local(t):
-            raise CheckpointError(
-                f"parameter {name!r} is a {type(t).__name__}: optimizer trees hold the state"
-                " of dense local parameters (sharded ones are not supported yet)",
-                field=name,
-                actual=type(t).__name__,
-            )
+        _require_local(t, name, f"parameter {name!r}")
         names.setdefault(id(t), name)
     return names
 
@@ -162,13 +162,7 @@ class _Tensors:
     def collect(self, value: Any, name: str) -> Any:
         """``value`` with each tensor replaced by its placeholder (containers rebuilt)."""
         if isinstance(value, torch.Tensor):
-            if not _is_local(value):
-                raise CheckpointError(
-                    f"{name!r} is a {type(value).__name__} of layout {value.layout}; optimizer"
-                    " trees hold dense local tensors",
-                    field=name,
-                    actual=type(value).__name__,
-                )
+            _require_local(value, name, repr(name))
             if name in self.taken:
                 raise ConfigError(
                     f"two tensors of the state would both be named {name!r} (a parameter name"
@@ -191,6 +185,7 @@ def save(
     optimizer: torch.optim.Optimizer,
     module_or_params: ModuleOrParams,
     path: PathOrFile,
+    *,
     random_counter: int | None,
     require_torchlean: bool = False,
 ) -> int:
@@ -315,7 +310,10 @@ def _read_document(
     every tensor it lists, in its order (read in file order, each into a fresh CPU tensor)."""
     with open_source(path) as src:
         family = sniff_family(src.file)
-        if family not in (FAMILY, SAFETENSORS):
+        # A tree rewritten by another tool (its header reordered) is not told from its head
+        # (it sniffs as plain safetensors), and is read all the same when its metadata holds
+        # the document.
+        if family not in (FAMILY, SAFETENSORS_FAMILY.name):
             raise ConfigError(
                 f"the file is {family_title(family)}; the optimizer is"
                 f" {type(optimizer).__name__}, whose state is an optimizer tree",

@@ -12,7 +12,6 @@ refuses. Sharded (DTensor) models are restored from version-1 sets only
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,7 +22,6 @@ from ...codec.errors import CheckpointError, ConfigError, MalformedError, Schema
 from ...codec.sets.checkpoint_set import VerifiedSet
 from ...codec.sets.set_documents import TrainingState
 from ..commit.plans import committing
-from ..commit.rollback import Rollback
 from ..ops import bits_files, float32_files, optimizer_files
 from ..ops.named_module_state import plan_named_load
 from ..ops.state_tensors import state_tensors
@@ -38,7 +36,7 @@ from .set_structure import (
     structured,
 )
 
-__all__ = ["restore_structured", "targets_structured"]
+__all__ = ["restore_structured", "targets_structured", "check_state_tensors"]
 
 
 def targets_structured(model: Any, optimizer: Any, scheduler: Any) -> bool:
@@ -85,24 +83,38 @@ def _check_structure(saved: dict[str, Any], given: dict[str, Role]) -> None:
             )
 
 
-def _check_tensors(record: Any, model: torch.nn.Module, role: str) -> None:
+def check_state_tensors(saved: Any, model: torch.nn.Module, role: str | None = None) -> None:
+    """Check a model's state tensors against those a set records, in order.
+
+    Args:
+        saved: the recorded ``(name, shape)`` pairs (a version-1 manifest's ``state``, a
+            version-2 model member's ``tensors``).
+        model: the live model.
+        role: the model's member in a version-2 set (named in the message and the field);
+            ``None`` for a version-1 set (field ``state``).
+
+    Raises:
+        SchemaMismatchError: their number, or a name or shape, differs (the first named).
+    """
     live = [(n, tuple(t.shape)) for n, t in state_tensors(model)]
-    saved = list(record.tensors or ())
+    saved = list(saved)
     if live == saved:
         return
+    where, field = ("", "state") if role is None else (f"{role}: ", role)
     if len(live) != len(saved):
         raise SchemaMismatchError(
-            f"{role}: the set holds {len(saved)} state tensors, the model has {len(live)}",
-            field=role,
+            f"{where}the set holds {len(saved)} state tensors, the model has {len(live)}",
+            field=field,
             actual=len(live),
             expected=len(saved),
         )
     i = next(k for k, (a, b) in enumerate(zip(live, saved)) if a != b)
     what = "names" if live[i][1] == saved[i][1] else "shapes"
     raise SchemaMismatchError(
-        f"{role}: state tensor {i} is {saved[i][0]!r} {list(saved[i][1])} in the set and"
-        f" {live[i][0]!r} {list(live[i][1])} in the model: the {what} differ",
-        field=f"{role}[{i}]",
+        f"{where}state tensor {i} is {saved[i][0]!r} {list(saved[i][1])} in the set and"
+        f" {live[i][0]!r} {list(live[i][1])} in the model: the {what} differ (a model whose"
+        " layers are registered in another order is refused even when the shapes agree)",
+        field=f"{field}[{i}]",
         actual=live[i],
         expected=saved[i],
     )
@@ -117,29 +129,9 @@ class _Schedulers:
 
     def apply(self) -> None:
         """Load every scheduler's state (first in the commit: user code); if one raises,
-        every scheduler and param group is put back exactly, in place.
-
-        Raises:
-            ConfigError: a scheduler refused its state.
-            BaseException: what ``load_state_dict`` raised if not an ``Exception``, after
-                the rollback.
-        """
-        if not self.pairs:
-            return
-        groups = [g for o in self.optimizers for g in o.param_groups]
-        lists = [o.param_groups for o in self.optimizers]
-        before = Rollback([*(s for s, _ in self.pairs), *lists, *groups])
-        try:
-            for scheduler, saved in self.pairs:
-                scheduler.load_state_dict(copy.deepcopy(saved))
-        except BaseException as exc:  # user code: put everything back, whatever it raised
-            before.restore()
-            if not isinstance(exc, Exception):
-                raise
-            raise ConfigError(
-                f"a scheduler refused the saved state: {type(exc).__name__}: {exc}",
-                field="scheduler",
-            ) from exc
+        every scheduler and param group is put back exactly, in place
+        (:func:`~.training_state.load_schedulers`)."""
+        training_state.load_schedulers(self.pairs, self.optimizers)
 
 
 def _scheduler_pairs(schedulers: Role, state: TrainingState) -> list[tuple[Any, Any]]:
@@ -206,7 +198,7 @@ def restore_structured(
         )
     for k, m in models.items:
         role = models.member("model", k)
-        _check_tensors(manifest.members[role], m, role)
+        check_state_tensors(manifest.members[role].tensors or (), m, role)
     # Every saved optimizer's param groups, in structure order.
     offsets: dict[str, tuple[int, int]] = {}
     at = 0

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ...codec.errors import CheckpointError
+from ...codec.safetensors.family import SAFETENSORS_FAMILY
 from ...codec.sets.set_commit import SetWriter
 from ...codec.sets.set_document_writing import build_training_state
 from ...formats.checkpoint_set import (
@@ -57,10 +58,6 @@ from .set_writing import SetSource, live_source, write_set
 from .snapshot import ManySnapshot, Snapshotter
 
 __all__ = ["StructuredSource", "set_source", "snapshot_structured", "write_structured", "write_any"]
-
-#: The family a manifest records of a safetensors member (its version: the layout has none,
-#: :data:`~tlckpt.formats.checkpoint_set.SAFETENSORS_MEMBER_VERSION`).
-_SAFETENSORS_FAMILY = "safetensors"
 
 
 @dataclass
@@ -218,7 +215,7 @@ def write_structured(
                     bits_files.save(LOCAL, state, f, False)
             else:
                 with writer.member(
-                    role, role + family, SAFETENSORS_MEMBER_VERSION, _SAFETENSORS_FAMILY
+                    role, role + family, SAFETENSORS_MEMBER_VERSION, SAFETENSORS_FAMILY.name
                 ) as f:
                     save_named_state(state, f)
         for (k, live), optimizer, params in zip(

@@ -43,8 +43,20 @@ def _key(t: torch.Tensor) -> tuple:
     return view_key(t) if t.numel() else ("object", id(t))
 
 
+class _Landing:
+    """Copies that land asynchronously (device copies), each with its completion event."""
+
+    _events: list[Any]
+
+    def wait(self) -> None:
+        """Block until every copy has landed (device copies run asynchronously)."""
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+
+
 @dataclass
-class Snapshot:
+class Snapshot(_Landing):
     """Host copies of a model's state and an optimizer's, as of one capture.
 
     Attributes:
@@ -61,15 +73,9 @@ class Snapshot:
     nbytes: int
     _events: list[Any]
 
-    def wait(self) -> None:
-        """Block until every copy has landed (device copies run asynchronously)."""
-        for event in self._events:
-            event.synchronize()
-        self._events = []
-
 
 @dataclass
-class ManySnapshot:
+class ManySnapshot(_Landing):
     """Host copies of several models' and optimizers' state, as of one capture.
 
     Attributes:
@@ -85,12 +91,6 @@ class ManySnapshot:
     copy_of: Callable[[torch.Tensor], torch.Tensor]
     nbytes: int
     _events: list[Any]
-
-    def wait(self) -> None:
-        """Block until every copy has landed (device copies run asynchronously)."""
-        for event in self._events:
-            event.synchronize()
-        self._events = []
 
 
 class Snapshotter:
