@@ -47,7 +47,7 @@ def save_optimizer(
     """Write an optimizer's state (atomically): Adam/AdamW as below; any other
     ``torch.optim`` optimizer (and any ``Optimizer`` subclass whose state and group options
     are tensors and JSON values) as an optimizer tree, keyed by parameter names, in the
-    safetensors layout (:mod:`.optimizer_trees`; ``require_torchlean`` refuses it).
+    safetensors layout (:mod:`.ops.optimizer_trees`; ``require_torchlean`` refuses it).
 
     When the state fits one of TorchLean's ``TLADAMF`` versions — one config (kind, betas,
     eps, weight decay) for every param group that manages a trainable parameter, no amsgrad,
@@ -112,7 +112,7 @@ def load_optimizer(
     """Load an optimizer file into a live optimizer, all or nothing: ``TLADAMF`` or
     ``TLCKOPT`` for Adam/AdamW as below; for any other optimizer an optimizer tree of the
     same class and groups (names, order, dtypes, shapes), whose state and group options
-    (the execution flags excepted) are swapped in together (:mod:`.optimizer_trees`).
+    (the execution flags excepted) are swapped in together (:mod:`.ops.optimizer_trees`).
 
     Its schema must equal the parameters'. A ``TLADAMF`` file's config must equal the
     optimizer's own (kind, betas, eps, weight decay bit for bit, in every group; moment dtype
