@@ -136,6 +136,25 @@ def _optimizer(info: dict[str, Any]) -> list[str]:
     return out
 
 
+def _optimizer_tree(info: dict[str, Any]) -> list[str]:
+    """An optimizer tree's class and counter, each group's parameters and options (exact
+    tagged JSON), and which state keys each parameter has."""
+    counter = info["random_counter"]
+    out = [f"optimizer       {info['class']}"]
+    out.append(f"random counter  {'absent' if counter is None else counter}")
+    out.append(f"param groups    {len(info['groups'])}")
+    for i, g in enumerate(info["groups"]):
+        out.append(f"  group {i}  {len(g['params'])} parameter(s): {', '.join(g['params'])}")
+        rows = [(key, repr(value)) for key, value in g["options"].items()]
+        if rows:
+            out.append(table(("option", "value"), rows, indent="    "))
+    rows = [(name, ", ".join(keys)) for name, keys in info["state"].items()]
+    out.append(f"state           {len(rows)} parameter(s) with state")
+    if rows:
+        out.append(table(("parameter", "state keys"), rows))
+    return out
+
+
 def _tensors(info: dict[str, Any], with_bytes: bool) -> list[str]:
     tensors = info["tensors"]
     elements = sum(t["elements"] for t in tensors)
@@ -190,6 +209,8 @@ def describe(info: dict[str, Any], path: str | os.PathLike | None = None) -> str
         lines.append(f"metadata        {len(info['metadata'])} entries")
     if "slots" in info:
         lines += _optimizer(info)
+    if "class" in info:
+        lines += _optimizer_tree(info)
     if "tensors" in info:
         tensors = info["tensors"]
         lines += _tensors(info, with_bytes=bool(tensors) and "bytes" in tensors[0])

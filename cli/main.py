@@ -32,6 +32,7 @@ from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
 from .describe import describe, summarize
 from .file_formats import POSITIONAL_FAMILIES
 from .printable import printable
+from .set_description import describe_set, set_description
 from .sets import list_sets, verify_set
 from .validation import load_destination, validate
 
@@ -67,6 +68,13 @@ def byte_size(text: str) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.file):  # a checkpoint set: its members, from its manifest
+        try:
+            info = set_description(args.file)
+        except CheckpointError as exc:
+            raise exc.with_path(args.file) from None
+        print(json.dumps(info, indent=2) if args.json else describe_set(info, args.file))
+        return EXIT_OK
     try:
         info = inspect(args.file, max_json_bytes=args.max_json_bytes)
     except CheckpointError as exc:
@@ -240,8 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_inspect,
         "describe any checkpoint file",
         "Describe a TLADAMF, TLSF32B or exact-bits JSON file without being told what to expect;"
-        " the whole file is checked on the way.",
-        [("file", "the checkpoint")],
+        " the whole file is checked on the way. Given a checkpoint set's folder, list its"
+        " members as its manifest records them.",
+        [("file", "the checkpoint, or a checkpoint set's folder")],
     )
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     _max_json_option(p)

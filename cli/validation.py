@@ -51,6 +51,7 @@ from ..codec.values.destinations import (
     description_error,
     parse_model_state_target,
 )
+from ..formats.optimizer_tree import FAMILY as OPTIMIZER_TREE
 from ..formats.state_bits import FORMAT_KEY
 from . import progress
 from .convert import ORDER_KEY, format_of_path, read_state
@@ -138,6 +139,15 @@ def _sniffed(path: str | os.PathLike) -> tuple[str | None, FamilyHandler | None]
     return name, family_named(name)
 
 
+def _is_optimizer_tree(path: str) -> bool:
+    """Whether ``path`` is an optimizer tree (a ``.safetensors`` file that is not model
+    state: its destination is its family's, an optimizer's class and groups)."""
+    try:
+        return sniff_family(path) == OPTIMIZER_TREE
+    except (CheckpointError, OSError):  # not one: the model-state reader says what it is
+        return False
+
+
 def load_destination(
     path: str | os.PathLike, *, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
 ) -> Destination:
@@ -154,10 +164,10 @@ def load_destination(
     """
     source = os.fspath(path)
     fmt = format_of_path(source)
-    if fmt in NAMED_FORMATS:
+    if fmt in NAMED_FORMATS and not _is_optimizer_tree(source):
         return _from_named_state(source, fmt)
     _, family = _sniffed(source)
-    if family is not None and family.magic is not None:
+    if family is not None and (family.magic is not None or family.name == OPTIMIZER_TREE):
         target = family.destination(source, max_json_bytes)
         return Destination(family.name, source, target, _takers(family, target))
     # No binary checkpoint: a JSON checkpoint, or a JSON description of a destination.

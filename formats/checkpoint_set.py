@@ -121,6 +121,20 @@ __all__ = [
     "VALUE_TAGS",
     "DEFAULT_FACTORIES",
     "INT_RANGE",
+    "SET_VERSION_2",
+    "SET_VERSIONS",
+    "STRUCTURE_ROLES",
+    "STRUCTURE_KINDS",
+    "STRUCTURE_KEY_PATTERN",
+    "MAX_STRUCTURE_KEYS",
+    "MODEL_SAFETENSORS_SUFFIX",
+    "SAFETENSORS_MEMBER_VERSION",
+    "MEMBER_SUFFIXES_V2",
+    "MANIFEST_KEYS_V2",
+    "SIGNED_MANIFEST_KEYS_V2",
+    "MODEL_MEMBER_KEYS_V2",
+    "OPTIMIZER_MEMBER_KEYS_V2",
+    "STRUCTURE_ENTRY_KEYS",
 ]
 
 # --------------------------------------------------------------------------- documents
@@ -349,3 +363,72 @@ DEFAULT_FACTORIES = (
 )
 #: Integers written as JSON numbers: what every JSON reader of 64-bit integers keeps exactly.
 INT_RANGE = (-(2**63), 2**64 - 1)
+
+# --------------------------------------------------------------------------- version 2
+#
+# Version 2 of the manifest describes sets that version 1 cannot: several models,
+# optimizers or schedulers (a GAN; Muon beside AdamW), and members in the safetensors layout
+# (a bf16 model; an optimizer other than Adam/AdamW). A writer writes version 1 whenever the
+# set fits it — one model in a TorchLean family, at most one Adam/AdamW optimizer and one
+# scheduler, each passed as one object — so that such sets stay byte-identical to what
+# earlier versions wrote and earlier readers keep reading them. Version 2::
+#
+#     {"format": "tlckpt_checkpoint_set", "version": 2, "step": 1200,
+#      "library": "tlckpt 0.1.0", "digest": "xxh3_128",
+#      "members": {
+#        "model.G": {"file": "model.G.safetensors", "family": "safetensors", "version": 0,
+#                    "size": 1234, "digest": "<hex>",
+#                    "tensors": [["fc.weight", [4, 4]], ...],
+#                    "tied": {"head.weight": "emb.weight"}},
+#        "optimizer.G": {"file": "optimizer.G.tladam", ..., "models": ["model.G"], "groups": 1},
+#        "training_state": {...}},
+#      "structure": {"model": {"kind": "mapping", "keys": ["G", "D"]},
+#                    "optimizer": {"kind": "mapping", "keys": ["G", "D"]},
+#                    "scheduler": null},
+#      "world_size": 1, "self_digest": "<hex>"}
+#
+# A role's structure is ``null`` (none given), ``{"kind": "single", "keys": []}`` (one
+# object: its member is the role itself, ``model``), ``"sequence"`` (keys ``"0"``, ``"1"``,
+# ...: members ``model.0``, ...) or ``"mapping"`` (the caller's keys, in its order). A model
+# member records its state tensors ``[name, shape]`` in ``state_dict`` order (tied names
+# included) and, in ``tied``, each name that is the same tensor as an earlier one, mapped to
+# that one. An optimizer member records the model members it binds to (the models holding its
+# parameters; with two or more its parameter names are qualified ``<model key>.<name>``) and
+# its number of param groups: the training state's ``param_groups`` are every optimizer's,
+# in structure order. With a sequence or mapping of schedulers, the training state's
+# ``scheduler`` maps each scheduler's key to its ``state_dict``. A signed version-2 manifest
+# adds ``key_id`` after ``digest`` and ends with ``mac`` in place of ``self_digest``, as in
+# version 1; the MAC covers every field above.
+
+#: The manifest version of sets version 1 cannot describe.
+SET_VERSION_2 = 2
+#: Every manifest version this library reads.
+SET_VERSIONS = (SET_VERSION, SET_VERSION_2)
+#: The roles whose objects a set's structure records.
+STRUCTURE_ROLES = ("model", "optimizer", "scheduler")
+#: How a role's objects were given.
+STRUCTURE_KINDS = ("single", "sequence", "mapping")
+#: A mapping's key (it names member files: ``model.<key>.safetensors``).
+STRUCTURE_KEY_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,63}")
+#: The most objects one role may hold.
+MAX_STRUCTURE_KEYS = 1024
+#: A version-2 model member in the safetensors layout.
+MODEL_SAFETENSORS_SUFFIX = ".safetensors"
+#: The version a manifest records of a member in the safetensors layout, which has none.
+SAFETENSORS_MEMBER_VERSION = 0
+#: The file suffixes of version-2 members, by role; a member's file is its role (``model``,
+#: ``model.G``) followed by one of these.
+MEMBER_SUFFIXES_V2 = {
+    "model": (".tlsf32", ".json", MODEL_SAFETENSORS_SUFFIX),
+    "optimizer": (".tladam", ".safetensors"),
+    "training_state": (".json",),
+}
+#: Version 2's manifest keys (unsigned and signed): version 1's, in the same order, with
+#: ``structure`` in place of ``state``.
+MANIFEST_KEYS_V2 = tuple("structure" if k == "state" else k for k in MANIFEST_KEYS)
+SIGNED_MANIFEST_KEYS_V2 = tuple("structure" if k == "state" else k for k in SIGNED_MANIFEST_KEYS)
+#: Version 2's member entries, by role.
+MODEL_MEMBER_KEYS_V2 = (*MEMBER_KEYS, "tensors", "tied")
+OPTIMIZER_MEMBER_KEYS_V2 = (*MEMBER_KEYS, "models", "groups")
+#: A structure entry's keys.
+STRUCTURE_ENTRY_KEYS = ("kind", "keys")

@@ -1,5 +1,5 @@
 """atheris targets: one per family's reader (Adam, TLSF32B, exact-bits JSON, tlckpt's own
-optimizer family ``TLCKOPT``, safetensors), and ``inspect``.
+optimizer family ``TLCKOPT``, safetensors, optimizer trees), and ``inspect``.
 
 Each target is a function of the fuzzer's bytes that may return or raise
 :class:`~tlckpt.codec.CheckpointError`; anything else is a crash. A ``CheckpointError`` that
@@ -26,7 +26,7 @@ from typing import Any
 
 from .seeds import Seed, generated_seeds, vector_seeds
 
-TARGETS = ("adam", "tlsf32", "json", "tlckopt", "safetensors", "inspect")
+TARGETS = ("adam", "tlsf32", "json", "tlckopt", "safetensors", "optimizer_tree", "inspect")
 #: Largest seed put in a corpus (libFuzzer's -max_len is set to this too).
 MAX_LEN = 16384
 
@@ -38,6 +38,7 @@ KIND = {
     "json": "state_bits",
     "tlckopt": "tlckpt_optimizer",
     "safetensors": "safetensors",
+    "optimizer_tree": "optimizer_tree",
     "inspect": None,
 }
 

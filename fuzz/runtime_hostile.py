@@ -52,7 +52,7 @@ from .mutators import apply, describe, systematic
 @dataclass(frozen=True)
 class Variant:
     name: str
-    kind: str = "adamw"  # "adam" | "adamw"
+    kind: str = "adamw"  # "adam" | "adamw" | another torch.optim class name (optimizer tree)
     dtype: torch.dtype = torch.float32
     options: tuple = ()
     counter: int | None = None
@@ -70,6 +70,8 @@ def variants(device: str = "cpu") -> list[Variant]:
         Variant("adam-counter", "adam", counter=2**64 - 1),
         Variant("adamw-groups-amsgrad", options=(("amsgrad", True),), groups=True, counter=7),
         Variant("adamw-bf16-idle", dtype=torch.bfloat16, options=(("fused", True),), idle=True),
+        Variant("sgd-momentum-groups", "SGD", options=(("momentum", 0.9),), groups=True, counter=9),
+        Variant("adafactor-bf16", "Adafactor", dtype=torch.bfloat16),
     ]
     if device != "cpu":
         out = [dataclasses.replace(v, device=device) for v in out]
@@ -86,7 +88,8 @@ def build(variant: Variant, seed: int = 0) -> tuple[TiedNet, torch.optim.Optimiz
     """A model and optimizer of ``variant`` after three training steps."""
     torch.manual_seed(seed)
     model = TiedNet(variant.dtype).to(variant.device)
-    cls = torch.optim.Adam if variant.kind == "adam" else torch.optim.AdamW
+    kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    cls = kinds.get(variant.kind) or getattr(torch.optim, variant.kind)
     params: Any = list(model.parameters())
     if variant.groups:
         params = [

@@ -44,7 +44,10 @@ def save_optimizer(
     random_counter: int | None = None,
     require_torchlean: bool = False,
 ) -> int:
-    """Write an Adam/AdamW optimizer's state (atomically).
+    """Write an optimizer's state (atomically): Adam/AdamW as below; any other
+    ``torch.optim`` optimizer (and any ``Optimizer`` subclass whose state and group options
+    are tensors and JSON values) as an optimizer tree, keyed by parameter names, in the
+    safetensors layout (:mod:`.ops.optimizer_trees`; ``require_torchlean`` refuses it).
 
     When the state fits one of TorchLean's ``TLADAMF`` versions — one config (kind, betas,
     eps, weight decay) for every param group that manages a trainable parameter, no amsgrad,
@@ -66,15 +69,17 @@ def save_optimizer(
     :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
-        optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW``.
+        optimizer: any ``torch.optim`` optimizer.
         module_or_params: the module (``named_parameters(remove_duplicate=False)`` order)
-            or the parameter sequence the checkpoint describes.
+            or the parameter sequence the checkpoint describes (or, for an optimizer tree, a
+            mapping of names to parameters).
         path: destination path, or a binary file object written at its position.
         random_counter: the training run's random counter to store, if it has one.
         require_torchlean: refuse to write anything TorchLean cannot read.
 
     Returns:
-        The version written: 2 to 5 (``TLADAMF``) or 1 to 2 (``TLCKOPT``).
+        The version written: 2 to 5 (``TLADAMF``), 1 to 2 (``TLCKOPT``), or 1 (an
+        optimizer tree).
 
     Raises:
         CheckpointError: a refusal (not Adam, a parameter the optimizer and the module
@@ -104,8 +109,10 @@ def load_optimizer(
     *,
     restore_random_counter: bool = False,
 ) -> int | None:
-    """Load an Adam/AdamW optimizer file (``TLADAMF`` or ``TLCKOPT``) into a live optimizer,
-    all or nothing.
+    """Load an optimizer file into a live optimizer, all or nothing: ``TLADAMF`` or
+    ``TLCKOPT`` for Adam/AdamW as below; for any other optimizer an optimizer tree of the
+    same class and groups (names, order, dtypes, shapes), whose state and group options
+    (the execution flags excepted) are swapped in together (:mod:`.ops.optimizer_trees`).
 
     Its schema must equal the parameters'. A ``TLADAMF`` file's config must equal the
     optimizer's own (kind, betas, eps, weight decay bit for bit, in every group; moment dtype
@@ -125,7 +132,7 @@ def load_optimizer(
     :mod:`tlckpt.runtime.placement.sharded_placement`); errors are then raised on every rank alike.
 
     Args:
-        optimizer: ``torch.optim.Adam`` or ``torch.optim.AdamW``.
+        optimizer: any ``torch.optim`` optimizer.
         module_or_params: the parameters, as for :func:`save_optimizer`.
         path: file path, or a seekable binary file object read from its position.
         restore_random_counter: whether the caller restores the run's random counter.

@@ -208,7 +208,8 @@ ALLOWED: dict[str, set[str]] = {
     "codec.exact_json": _CODEC_BOTTOM | {"codec.families"},
     "codec.inspection": _CODEC_BOTTOM | {"codec.families", "codec.exact_json"},
     "codec.model_state": _CODEC_FAMILIES,
-    "codec.optimizers": _CODEC_FAMILIES,
+    # Optimizer trees are safetensors files whose group options and state are exact values.
+    "codec.optimizers": _CODEC_FAMILIES | {"codec.safetensors", "codec.sets"},
     "codec.sets": _CODEC_FAMILIES,
     "codec.safetensors": _CODEC_FAMILIES,
     "codec.registrations": _CODEC_FAMILIES

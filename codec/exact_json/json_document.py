@@ -56,6 +56,7 @@ __all__ = [
     "check_start",
     "duplicate_key_error",
     "duplicate_key_anywhere",
+    "parse_embedded_json",
     "keys_counted_once",
     "largest_document",
     "read_document",
@@ -313,6 +314,31 @@ def _duplicate(key: str, frame: list[Any], stack: list[list[Any]], document: Any
         actual=f"{key} twice",
         expected="each key once",
     )
+
+
+def parse_embedded_json(text: str, field: str) -> Any:
+    """A JSON document held in a string (a safetensors metadata value), parsed; refused when
+    it is not JSON or some object names a key twice (readers disagree on which one counts).
+
+    Args:
+        text: the string.
+        field: what the message and the error name.
+
+    Returns:
+        The parsed JSON values.
+
+    Raises:
+        MalformedError: not JSON (or not encodable as UTF-8), or a key named twice.
+    """
+    try:
+        raw = text.encode()
+        loaded = orjson.loads(raw)
+    except (orjson.JSONDecodeError, UnicodeEncodeError) as exc:
+        raise MalformedError(f"{field} is not JSON: {exc}", field=field) from None
+    duplicate = duplicate_key_anywhere(raw)
+    if duplicate is not None:
+        raise MalformedError(f"{field} names {duplicate!r} twice", field=field)
+    return loaded
 
 
 def duplicate_key_anywhere(data: bytes | bytearray) -> str | None:

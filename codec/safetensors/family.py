@@ -29,7 +29,12 @@ from .header import Header
 from .reader import read_array, read_header
 from .writer import TensorData, write_safetensors
 
-__all__ = ["SAFETENSORS_FAMILY", "NamedTensorsTarget", "looks_like_safetensors"]
+__all__ = [
+    "SAFETENSORS_FAMILY",
+    "NamedTensorsTarget",
+    "describe_header",
+    "looks_like_safetensors",
+]
 
 #: Lengths the sniff takes: any with the upper four bytes zero, past the 100 MB limit too, so
 #: that a damaged length is refused by the reader, precisely, not called "no checkpoint".
@@ -59,7 +64,9 @@ class NamedTensorsTarget:
     source: str | None = None
 
 
-def _describe_header(header: Header) -> list[dict[str, Any]]:
+def describe_header(header: Header) -> list[dict[str, Any]]:
+    """Each tensor of a safetensors header as ``inspect`` describes it: name, dtype, shape,
+    elements and bytes, in the header's order."""
     return [
         {
             "name": e.name,
@@ -109,7 +116,7 @@ class _SafetensorsFamily(FamilyHandler):
             "family": self.name,
             "header_bytes": header.header_length,
             "metadata": dict(header.metadata or {}),
-            "tensors": _describe_header(header),
+            "tensors": describe_header(header),
             "bytes": file_size(file),
         }
 

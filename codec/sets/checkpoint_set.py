@@ -43,6 +43,7 @@ from typing import Any, BinaryIO, TypeVar
 from ...formats.checkpoint_set import (
     MAX_TRAINING_STATE_BYTES,
     MODEL_BITS_VERSION,
+    SAFETENSORS_MEMBER_VERSION,
     TRAINING_STATE_FAMILY,
     TRAINING_STATE_VERSION,
 )
@@ -104,6 +105,10 @@ def _compare(
             actual=digest,
             expected=record.digest,
         )
+
+
+#: The version a manifest records of a member whose family's header names none.
+_UNNAMED_VERSIONS = {JSON_FAMILY: MODEL_BITS_VERSION, "safetensors": SAFETENSORS_MEMBER_VERSION}
 
 
 def _check_record(role: str, path: Path, record: MemberRecord, family: Any, version: Any) -> None:
@@ -337,26 +342,26 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
     """
     with VerifiedSet.open(path, key=key) as verified:
         verified.training_state()
-        for role in ("model", "optimizer"):
-            if role not in verified.manifest.members:
+        for role, record in verified.manifest.members.items():
+            if role == "training_state":
                 continue
-            record = verified.manifest.members[role]
             try:
                 info = inspect(verified.file(role))
             except CheckpointError as exc:
                 raise exc.with_path(Path(path) / record.file) from None
             family = info.get("family")
-            # An exact-bits JSON file names its version in its format tag (all are v1).
-            version = info.get("version", MODEL_BITS_VERSION if family == JSON_FAMILY else None)
+            # An exact-bits JSON file names its version in its format tag (all are v1); the
+            # safetensors layout has none, which a manifest records as 0.
+            version = info.get("version", _UNNAMED_VERSIONS.get(family))
             _check_record(role, Path(path) / record.file, record, family, version)
-            if role == "model":
-                shapes = [tuple(t["shape"]) for t in info.get("tensors", [])]
-                if shapes != [shape for _, shape in verified.manifest.state]:
-                    raise CheckpointError(
-                        "the model member's tensor shapes differ from the manifest's",
-                        path=Path(path) / record.file,
-                        field="state",
-                    )
+            if (role == "model" or record.tensors is not None) and not _shapes_agree(
+                info, record, verified.manifest
+            ):
+                raise CheckpointError(
+                    "the model member's tensor shapes differ from the manifest's",
+                    path=Path(path) / record.file,
+                    field="state",
+                )
         verified.confirm_unchanged()
         return verified.manifest
 
@@ -411,6 +416,20 @@ def newest_usable(
         else:
             return None  # every listed step was tried
     return None
+
+
+def _shapes_agree(info: dict[str, Any], record: MemberRecord, manifest: Manifest) -> bool:
+    """Whether a model member's tensors (as :func:`~.inspection.inspect` describes them) are
+    those its manifest records: in order for the positional families; by name for the
+    safetensors layout, which holds each tied tensor once (version 2)."""
+    described = info.get("tensors", [])
+    if record.tensors is None:  # version 1: the manifest's state, in order
+        return [tuple(t["shape"]) for t in described] == [s for _, s in manifest.state]
+    if record.family == "safetensors":
+        tied = record.tied or {}
+        kept = {name: shape for name, shape in record.tensors if name not in tied}
+        return {t.get("name"): tuple(t["shape"]) for t in described} == kept
+    return [tuple(t["shape"]) for t in described] == [s for _, s in record.tensors]
 
 
 def latest_verified(

@@ -9,10 +9,9 @@ import errno
 import fcntl
 import os
 import re
-import shutil
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,22 @@ from ..fileio.atomic import (
     is_library_temporary,
     remove_if_stale,
     same_inode,
-    temporary_name,
     temporary_prefix,
 )
 from ..sniffing import head_family
 from .set_digests import DigestingWriter
 from .set_document_writing import build_manifest
 from .set_documents import MemberRecord
+from .set_folder_moves import (
+    ATTEMPTS,
+    create_temporary_folder,
+    lock_if_folder,
+    remove_tree,
+    rename_aside,
+)
 from .set_folders import check_step, library_name
 from .set_keys import as_key
+from .set_manifest_v2 import build_manifest_v2
 
 __all__ = ["SetWriter", "remove_set", "clean_leftovers", "is_retired"]
 
@@ -45,36 +51,6 @@ _RETIRED = re.compile(rf"\.(.+)\.tlckpt-{_RANDOM}{re.escape(RETIRED_SUFFIX)}", r
 _OWN_TAIL = re.compile(rf"{_RANDOM}{re.escape(RETIRED_SUFFIX)}")
 _CUT = re.compile(r"~[0-9a-f]{12}\Z")  # how temporary_prefix ends a shortened name
 _CONFLICT = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
-_ATTEMPTS = 100
-
-
-def _lock_folder(path: str) -> int:
-    """An open descriptor of the folder at ``path``, exclusively locked (blocking)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _create_temporary_folder(directory: str, name: str) -> tuple[str, int]:
-    """A new, locked temporary folder for the set folder ``name``: ``(path, fd)``."""
-    prefix = temporary_prefix(os.path.join(directory, name))
-    for _ in range(100):
-        path = os.path.join(directory, temporary_name(prefix))
-        try:
-            os.mkdir(path, 0o777)  # the umask applies, as for a plain mkdir
-        except FileExistsError:
-            continue
-        fd = _lock_folder(path)
-        # A cleaner may have taken the lock between mkdir and flock and removed the folder
-        # as stale: then the name is not ours any more; try another.
-        if same_inode(path, fd):
-            return path, fd
-        os.close(fd)
-    raise FileExistsError(errno.EEXIST, "no unused temporary folder name", directory)
 
 
 @dataclass
@@ -139,7 +115,7 @@ class SetWriter:
             _clean(self.directory, self.final)
         if not self.overwrite:
             self._refuse_existing()
-        self.path, self.fd = _create_temporary_folder(self.directory, self.name)
+        self.path, self.fd = create_temporary_folder(self.directory, self.name)
         return self
 
     def _refuse_existing(self) -> None:
@@ -213,6 +189,36 @@ class SetWriter:
         data = build_manifest(
             self.step, library_name(), self.records(), state, world_size, self.key
         )
+        return self._commit_manifest(data)
+
+    def commit_v2(
+        self,
+        structure: dict[str, Any],
+        details: dict[str, dict[str, Any]],
+        world_size: int = 1,
+    ) -> Path:
+        """:meth:`commit` with a version-2 manifest (:mod:`.set_manifest_v2`).
+
+        Args:
+            structure: role → ``(kind, keys)`` or ``None``.
+            details: member role → the version-2 fields of its record (``tensors`` and
+                ``tied`` of a model, ``models`` and ``groups`` of an optimizer).
+            world_size: how many processes saved the set.
+
+        Raises:
+            As :meth:`commit`.
+        """
+        records = {
+            role: replace(record, **details.get(role, {}))
+            for role, record in self.records().items()
+        }
+        data = build_manifest_v2(
+            self.step, library_name(), records, structure, world_size, self.key
+        )
+        return self._commit_manifest(data)
+
+    def _commit_manifest(self, data: bytes) -> Path:
+        """Write the manifest's bytes, then the rename (see :meth:`commit`)."""
         with self._file(MANIFEST_FILE) as f:
             f.write(data)
         if self.durable:
@@ -225,7 +231,7 @@ class SetWriter:
             # Housekeeping: the new set is committed whatever happens here; a set that
             # cannot be removed now is a leftover (unlocked), removed by the next cleaner.
             with contextlib.suppress(OSError):
-                _remove_tree(replaced)
+                remove_tree(replaced)
         return Path(self.final)
 
     def _install(self) -> str | None:
@@ -237,7 +243,7 @@ class SetWriter:
         moved aside under its lock and a recognisable name (:func:`is_retired`), which a
         cleaner puts back if this process dies before the new set is in place.
         """
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             if os.path.lexists(self.final):
                 if not self.overwrite:
                     self._refuse_existing()
@@ -263,10 +269,10 @@ class SetWriter:
     def _replace_without_exchange(self) -> str | None:
         """Move the old set aside (locked, under a retired name), rename the new one in;
         returns the retired path, or ``None`` if the old set changed meanwhile (retry)."""
-        lock = _lock_if_folder(self.final)
+        lock = lock_if_folder(self.final)
         try:
             try:
-                retired = _rename_aside(self.directory, self.final, RETIRED_SUFFIX)
+                retired = rename_aside(self.directory, self.final, RETIRED_SUFFIX)
             except FileNotFoundError:
                 return None
             try:
@@ -291,7 +297,7 @@ class SetWriter:
                 # Housekeeping only: the error that ended the save is what the caller must
                 # see; a folder that cannot be removed now is a leftover, cleaned later.
                 with contextlib.suppress(OSError):
-                    _remove_tree(self.path)
+                    remove_tree(self.path)
         finally:
             if fd is not None:
                 os.close(fd)  # releases the lock
@@ -300,49 +306,10 @@ class SetWriter:
 # --------------------------------------------------------------------------- removal
 
 
-def _lock_if_folder(path: str) -> int | None:
-    """A descriptor of the folder at ``path`` (not followed) under an exclusive lock, or
-    ``None`` if it is not a folder (a link, a file: nothing to lock)."""
-    try:
-        return _lock_folder(path)
-    except (NotADirectoryError, FileNotFoundError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a symbolic link: O_NOFOLLOW refuses it
-            return None
-        raise
-
-
-def _rename_aside(directory: str, folder: str, suffix: str) -> str:
-    """Rename ``folder`` to a fresh hidden name of its own (``prefix``, 8 random,
-    ``suffix``); returns the new path."""
-    prefix = temporary_prefix(folder)
-    for _ in range(_ATTEMPTS):
-        target = os.path.join(directory, temporary_name(prefix)[: -len(".tmp")] + suffix)
-        if not os.path.lexists(target):
-            os.rename(folder, target)
-            return target
-    raise FileExistsError(errno.EEXIST, "no unused temporary folder name", directory)
-
-
 def _retire(directory: str, folder: str) -> str:
     """Rename a committed set to a leftover's name (a removal killed after this leaves a
     leftover, never a damaged set); returns the new path."""
-    return _rename_aside(directory, folder, ".tmp")
-
-
-def _remove_tree(path: str) -> None:
-    """Remove what ``path`` names: a folder and all in it, or a link or file itself — never
-    what a symbolic link points to."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)  # which never follows the links inside either
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+    return rename_aside(directory, folder, ".tmp")
 
 
 def remove_set(directory: str | os.PathLike, step: int, *, durable: bool = True) -> None:
@@ -356,7 +323,7 @@ def remove_set(directory: str | os.PathLike, step: int, *, durable: bool = True)
     retired = _retire(directory, os.path.join(directory, folder_name(check_step(step))))
     if durable:
         fsync_folder(directory)
-    _remove_tree(retired)
+    remove_tree(retired)
 
 
 def is_retired(name: str) -> bool:
@@ -409,7 +376,7 @@ def _settle_retired(path: str, home: str) -> bool:
             except OSError as exc:
                 if exc.errno not in _CONFLICT:
                     raise
-        _remove_tree(path)
+        remove_tree(path)
         return True
     finally:
         if fd is not None:

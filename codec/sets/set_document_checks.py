@@ -130,8 +130,18 @@ def short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_format(document: dict[str, Any], tag: str, version: int, what: str) -> None:
+def check_format(
+    document: dict[str, Any], tag: str, version: int, what: str, where: str = ""
+) -> None:
     """Check a document's ``format`` tag and ``version``.
+
+    Args:
+        document: the parsed document.
+        tag: the ``format`` it must have.
+        version: the ``version`` it must have.
+        what: the document's kind, for the messages.
+        where: the document's own field path, with a trailing dot, for a document held in
+            a field (an optimizer tree's, in a safetensors header's metadata).
 
     Raises:
         UnsupportedFormatError: ``format`` is not ``tag``.
@@ -140,7 +150,7 @@ def check_format(document: dict[str, Any], tag: str, version: int, what: str) ->
     if document.get("format") != tag:
         raise UnsupportedFormatError(
             f"not a {what}: format is {short(document.get('format'))}, expected {tag!r}",
-            field="format",
+            field=f"{where}format",
             actual=short(document.get("format")),
             expected=tag,
         )
@@ -148,7 +158,7 @@ def check_format(document: dict[str, Any], tag: str, version: int, what: str) ->
     if found != version or type(found) is not int:
         raise UnsupportedVersionError(
             f"{what} version {short(found)} is not known; known versions: {version}",
-            field="version",
+            field=f"{where}version",
             actual=short(found),
             expected=version,
         )

@@ -34,7 +34,13 @@ from .set_document_checks import (
 from .set_documents import MemberRecord, self_digest
 from .set_keys import SetKey
 
-__all__ = ["build_manifest", "build_training_state"]
+__all__ = [
+    "build_manifest",
+    "build_training_state",
+    "manifest_head",
+    "member_fields",
+    "seal_manifest",
+]
 
 
 def _writer_check(condition: bool, field: str, message: str, actual: Any = None) -> None:
@@ -104,29 +110,70 @@ def build_manifest(
             nothing is committed.
     """
     _check_manifest_values(step, library, state, world_size)
+    document = manifest_head(SET_VERSION, step, library, key)
+    document |= {
+        "members": {role: member_fields(m) for role, m in members.items()},
+        "state": [[name, list(shape)] for name, shape in state],
+        "world_size": world_size,
+    }
+    return seal_manifest(document, key, " (too many or too long tensor names)")
+
+
+def manifest_head(version: int, step: int, library: str, key: SetKey | None) -> dict[str, Any]:
+    """A manifest's first fields, every version's: format, version, step, library, digest
+    algorithm and, with ``key``, the key's id.
+
+    Returns:
+        The document so far, in key order; the caller adds the rest.
+    """
     document: dict[str, Any] = {
         "format": SET_FORMAT,
-        "version": SET_VERSION,
+        "version": version,
         "step": step,
         "library": library,
         "digest": DIGEST_ALGORITHM if key is None else KEYED_DIGEST_ALGORITHM,
     }
     if key is not None:
         document["key_id"] = key.key_id
-    document |= {
-        "members": {
-            role: {
-                "file": m.file,
-                "family": m.family,
-                "version": m.version,
-                "size": m.size,
-                "digest": m.digest,
-            }
-            for role, m in members.items()
-        },
-        "state": [[name, list(shape)] for name, shape in state],
-        "world_size": world_size,
+    return document
+
+
+def member_fields(m: MemberRecord) -> dict[str, Any]:
+    """A member's record as a manifest holds it: file, family, version, size and digest;
+    version 2's model (``tensors``, ``tied``) and optimizer (``models``, ``groups``) fields
+    where the record has them.
+
+    Returns:
+        JSON values, in the manifest's key order.
+    """
+    out: dict[str, Any] = {
+        "file": m.file,
+        "family": m.family,
+        "version": m.version,
+        "size": m.size,
+        "digest": m.digest,
     }
+    if m.tensors is not None:
+        out["tensors"] = [[name, list(shape)] for name, shape in m.tensors]
+        out["tied"] = dict(m.tied or {})
+    if m.models is not None:
+        out["models"] = list(m.models)
+        out["groups"] = m.groups
+    return out
+
+
+def seal_manifest(document: dict[str, Any], key: SetKey | None, why_long: str = "") -> bytes:
+    """A complete manifest document's bytes, sealed: with ``key`` its MAC over every byte
+    before it, last; else its own digest (``self_digest``).
+
+    Args:
+        document: every field but the seal, in key order.
+        key: the set's key, if it is signed.
+        why_long: what makes a manifest long, for the message of one over the limit.
+
+    Raises:
+        CheckpointError: the manifest would be longer than ``LIMITS.manifest_bytes``.
+    """
     if key is not None:
         body = orjson.dumps(document)[:-1]  # without the closing brace
         data = body + MAC_SUFFIX_PREFIX + key.mac(body).encode("ascii") + b'"}'
@@ -137,7 +184,7 @@ def build_manifest(
         len(data) <= layout.LIMITS.manifest_bytes,
         "manifest",
         f"would have {len(data):,} bytes, more than the {layout.LIMITS.manifest_bytes:,} a"
-        " reader takes (too many or too long tensor names)",
+        f" reader takes{why_long}",
         len(data),
     )
     return data

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,8 @@ __all__ = [
     "parse_manifest",
     "parse_training_state",
     "self_digest",
+    "check_self_digest",
+    "MANIFEST_READERS",
 ]
 
 
@@ -89,6 +92,15 @@ class MemberRecord:
     version: int
     size: int
     digest: str
+    # Version-2 manifests only (``None`` in version 1): see ``formats.checkpoint_set``.
+    #: A model member's state tensors ``(name, shape)``, ``state_dict`` order.
+    tensors: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    #: A model member's tied names: name → the earlier name it is one tensor with.
+    tied: dict[str, str] | None = None
+    #: An optimizer member's model keys (the models holding its parameters).
+    models: tuple[str, ...] | None = None
+    #: An optimizer member's number of param groups.
+    groups: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,11 @@ class Manifest:
     state: tuple[tuple[str, tuple[int, ...]], ...]
     world_size: int
     key_id: str | None = None
+    #: The manifest's version (1, or 2: :data:`~tlckpt.formats.checkpoint_set.SET_VERSION_2`).
+    version: int = 1
+    #: Version 2: role → ``(kind, keys)`` (or ``None`` for a role not given); version 1:
+    #: ``None`` (one model, at most one optimizer and scheduler, each given as one object).
+    structure: dict[str, tuple[str, tuple[str, ...]] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,11 @@ class TrainingState:
 
 
 # --------------------------------------------------------------------------- reading
+
+#: The readers of later manifest versions, by version: each registers itself here
+#: (:mod:`.set_manifest_v2`; imported with the codec), since it builds on this module's
+#: field checks and this module cannot import it back.
+MANIFEST_READERS: dict[int, Callable[..., Manifest]] = {}
 
 
 #: A member's digest and family name, as the manifest spells them.
@@ -226,6 +248,11 @@ def parse_manifest(
         KeyRequiredError: with ``authenticate``, the set is signed and ``key`` is ``None``.
     """
     document = parse_json_document(data, "manifest", limit)
+    version = document.get("version")
+    if document.get("format") == SET_FORMAT and type(version) is int:
+        later = MANIFEST_READERS.get(version)
+        if later is not None:
+            return later(data, document, key, authenticate=authenticate)
     check_format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
     signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
     key_id = None
@@ -281,17 +308,7 @@ def parse_manifest(
     )
     if signed:
         return manifest
-    recorded = _hex_field(document["self_digest"], _HEX, "self_digest")
-    computed = self_digest(document)
-    if computed != recorded:
-        raise IntegrityError(
-            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
-            " bytes are damaged)",
-            check="manifest digest",
-            field="self_digest",
-            actual=computed,
-            expected=recorded,
-        )
+    check_self_digest(document)
     return manifest
 
 
@@ -403,6 +420,26 @@ def parse_training_state(data: bytes, limit: int) -> TrainingState:
         rng=_rng(document["rng"]),
         extra=decode_value(document["extra"], ("extra",)),
     )
+
+
+def check_self_digest(document: dict[str, Any]) -> None:
+    """Check an unsigned manifest's own digest (``self_digest``) against its other fields.
+
+    Raises:
+        MalformedError: ``self_digest`` is not a digest.
+        IntegrityError: it differs: the manifest's bytes are damaged.
+    """
+    recorded = _hex_field(document["self_digest"], _HEX, "self_digest")
+    computed = self_digest(document)
+    if computed != recorded:
+        raise IntegrityError(
+            f"the manifest's own digest is {computed}, it records {recorded} (the manifest's"
+            " bytes are damaged)",
+            check="manifest digest",
+            field="self_digest",
+            actual=computed,
+            expected=recorded,
+        )
 
 
 def self_digest(document: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The operations, each written once over a placement: save and load per family.
 
 Holds :mod:`.float32_files` and :mod:`.float32_bulk` (``TLSF32B``), :mod:`.bits_files`
-(exact-bits JSON), :mod:`.optimizer_files` (``TLADAMF`` and ``TLCKOPT``), the safetensors
+(exact-bits JSON), :mod:`.optimizer_files` (``TLADAMF`` and ``TLCKOPT``; any other optimizer
+through :mod:`.optimizer_trees` and :mod:`.optimizer_tree_checks`), the safetensors
 operations (:mod:`.tensor_files`: named tensors; :mod:`.named_module_state`: a module's
 state; :mod:`.state_trees`: nested state; :mod:`.lazy_files`: ``open_checkpoint``) and
 :mod:`.state_tensors` (a module's named tensors, tie checks, each payload's arrival).

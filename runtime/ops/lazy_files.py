@@ -24,6 +24,7 @@ from ...codec.model_state.state_bits import inspect_state_bits, read_state_bits
 from ...codec.safetensors import SafetensorsReader
 from ...codec.sniffing import JSON_FAMILY
 from ...formats.float32_state import TENSOR_DTYPE
+from ...formats.optimizer_tree import FAMILY as OPTIMIZER_TREE
 from ..binding.tensors import from_host
 from .tensor_files import empty_for, torch_dtype, torch_shape
 
@@ -37,7 +38,8 @@ class CheckpointFile:
     """A checkpoint file opened by :func:`open_checkpoint`; a context manager.
 
     Attributes:
-        family: ``"safetensors"``, ``"float32_state"`` (TLSF32B) or ``"state_bits"``.
+        family: ``"safetensors"``, ``"optimizer_tree"`` (its state tensors by name),
+            ``"float32_state"`` (TLSF32B) or ``"state_bits"``.
         path: the file.
     """
 
@@ -50,7 +52,7 @@ class CheckpointFile:
         self._encoding = ""
         self._offsets: list[int] = []
         self._cached: list[np.ndarray] | None = None
-        if family == SAFETENSORS_FAMILY:
+        if family in (SAFETENSORS_FAMILY, OPTIMIZER_TREE):  # a tree is a safetensors file
             self._reader = SafetensorsReader(self.path)
         elif family == FLOAT32_FAMILY:
             _, shapes, _ = scan_float32_sizes(self.path)

@@ -66,6 +66,7 @@ from ..binding.tensors import HostBuffer, to_host
 from ..commit.plans import OptimizerPlan
 from ..placement.placement_protocol import Placement, Receiver, Route, Take
 from ..placement.positional import read_pieces, save_pieces
+from . import optimizer_trees
 
 __all__ = ["save", "plan_load", "TORCHLEAN_FAMILY", "OWN_FAMILY"]
 
@@ -158,8 +159,17 @@ def save(
     """Write the optimizer's state (see :func:`~tlckpt.runtime.save_optimizer`).
 
     Returns:
-        The version written (on every rank): 2 to 5 for ``TLADAMF``, 1 for ``TLCKOPT``.
+        The version written (on every rank): 2 to 5 for ``TLADAMF``, 1 for ``TLCKOPT``;
+        for any other optimizer an optimizer tree's (:mod:`.optimizer_trees`).
     """
+    if not isinstance(optimizer, torch.optim.Adam):
+        return optimizer_trees.save(
+            optimizer,
+            module_or_params,
+            path,
+            random_counter=random_counter,
+            require_torchlean=require_torchlean,
+        )
 
     def check() -> tuple[AdamBinding, dict[int, SlotState], Any, list[torch.Tensor]]:
         binding = bind_optimizer(optimizer, module_or_params)
@@ -426,6 +436,8 @@ def plan_load(
         The plan, holding the file's random counter and hyperparameters
         (``member_groups``); its commit swaps the state in (and changes no param group).
     """
+    if not isinstance(optimizer, torch.optim.Adam):
+        return optimizer_trees.plan_load(optimizer, module_or_params, path, restore_random_counter)
 
     def check() -> AdamBinding:
         binding = bind_optimizer(optimizer, module_or_params)

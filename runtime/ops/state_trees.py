@@ -26,7 +26,7 @@ import orjson
 import torch
 
 from ...codec.errors import MalformedError, SchemaMismatchError, names_the_file
-from ...codec.exact_json.json_document import duplicate_key_anywhere
+from ...codec.exact_json.json_document import parse_embedded_json
 from ...codec.fileio.source import PathOrFile, open_source
 from ...codec.safetensors import write_safetensors
 from ...codec.safetensors.reader import read_header
@@ -145,14 +145,7 @@ def save_state(tree: Any, path: PathOrFile) -> None:
 
 def _document(text: str) -> tuple[list[str], Any]:
     field = f"__metadata__.{STATE_KEY}"
-    try:
-        raw = text.encode()
-        document = orjson.loads(raw)
-    except (orjson.JSONDecodeError, UnicodeEncodeError) as exc:
-        raise MalformedError(f"{field} is not JSON: {exc}", field=field) from None
-    duplicate = duplicate_key_anywhere(raw)
-    if duplicate is not None:
-        raise MalformedError(f"{field} names {duplicate!r} twice", field=field)
+    document = parse_embedded_json(text, field)
     if type(document) is not dict or set(document) != {"version", "tensors", "tree"}:
         raise MalformedError(f"{field} must be an object of version, tensors and tree", field=field)
     if document["version"] != STATE_VERSION or type(document["version"]) is not int:

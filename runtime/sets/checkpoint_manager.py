@@ -39,14 +39,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...codec.sets.checkpoint_set import latest_verified
 from ...codec.sets.set_commit import clean_leftovers, remove_set
 from ...codec.sets.set_folders import check_step, committed_steps, retention_victims, set_path
 from ...codec.sets.set_keys import as_key
+from .multi_set_writing import StructuredSource, set_source, snapshot_structured, write_any
 from .set_restoring import Restored, Targets, restore_latest, restore_set
-from .set_writing import live_source, snapshot_source, write_set
+from .set_structure import MODEL_FORMATS
+from .set_writing import snapshot_source
 from .snapshot import Snapshotter
 
 __all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
@@ -226,6 +226,9 @@ class CheckpointManager:
             removed here and after every commit (never a folder a live save holds).
         keep_last: after each commit, keep only this many newest sets (``None``: keep all).
         keep_every: also keep every set whose step is a multiple of this.
+        model_format: each model member's family (see :func:`save_checkpoint`):
+            ``"auto"`` (``TLSF32B`` for float32 models, the safetensors layout otherwise),
+            ``"torchlean"`` (``TLSF32B`` or exact-bits JSON), ``"safetensors"``.
         key: sign every set with this 32-byte key (blocking and background saves), and
             accept only sets signed with it: :meth:`latest` and :meth:`restore` pass over
             (with a :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning`) every
@@ -234,7 +237,8 @@ class CheckpointManager:
 
     Raises:
         CheckpointError: ``key`` is not 32 bytes.
-        ValueError: ``keep_last`` or ``keep_every`` is not a positive integer.
+        ValueError: ``keep_last`` or ``keep_every`` is not a positive integer, or
+            ``model_format`` is unknown.
 
     Example:
         >>> manager = CheckpointManager("run/checkpoints", keep_last=3)    # doctest: +SKIP
@@ -248,8 +252,12 @@ class CheckpointManager:
         *,
         keep_last: int | None = None,
         keep_every: int | None = None,
+        model_format: str = "auto",
         key: bytes | None = None,
     ):
+        if model_format not in MODEL_FORMATS:
+            raise ValueError(f"model_format must be one of {MODEL_FORMATS}, not {model_format!r}")
+        self.model_format = model_format
         self._key = as_key(key)
         self.directory = Path(directory)
         self.keep_last = _positive("keep_last", keep_last)
@@ -266,8 +274,8 @@ class CheckpointManager:
         self,
         step: int,
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        model: Any,
+        optimizer: Any = None,
         scheduler: Any = None,
         random_counter: int | None = None,
         extra: Any = None,
@@ -278,9 +286,11 @@ class CheckpointManager:
 
         Args:
             step: the training step (a u64); its set must not exist unless ``overwrite``.
-            model: the model (its state: ``TLSF32B`` when float32, else exact-bits JSON).
-            optimizer: its Adam/AdamW optimizer, if any.
-            scheduler: its learning-rate scheduler, if any (``state_dict`` of JSON values).
+            model: the model (its member's family: the manager's ``model_format``); or a
+                sequence or mapping of models.
+            optimizer: its optimizer, if any; or a sequence or mapping of optimizers.
+            scheduler: its learning-rate scheduler, if any (``state_dict`` of JSON values);
+                or a sequence or mapping of them.
             random_counter: the run's random counter, if it has one.
             extra: anything else of JSON values (exactly, or refused).
             blocking: write and commit before returning (default); ``False``: copy the state
@@ -308,20 +318,25 @@ class CheckpointManager:
                     f"step {step} has a checkpoint set already (pass overwrite=True to replace it)",
                     str(set_path(self.directory, step)),
                 )
+            fmt = self.model_format
             if blocking:
-                source = live_source(step, model, optimizer, scheduler, random_counter, extra)
+                source = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
                 target = set_path(self.directory, step)
-                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
+                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
                 self._retain(step)
                 return _finished(step, path)
-            snapshot = self._snapshotter.capture(model, optimizer)
-            live = live_source(step, model, optimizer, scheduler, random_counter, extra)
-            source = snapshot_source(live, snapshot)
+            live = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
+            snapshot: Any
+            if isinstance(live, StructuredSource):
+                snapshot, source = snapshot_structured(self._snapshotter, live)
+            else:
+                snapshot = self._snapshotter.capture(model, optimizer)
+                source = snapshot_source(live, snapshot)
 
             def background() -> Path:
                 snapshot.wait()
                 target = set_path(self.directory, step)
-                path = write_set(target, step, source, overwrite=overwrite, key=self._key)
+                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
                 self._retain(step)
                 return path
 
@@ -389,8 +404,8 @@ class CheckpointManager:
     def restore(
         self,
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        model: Any,
+        optimizer: Any = None,
         scheduler: Any = None,
         step: int | None = None,
         rng: bool = False,
@@ -403,7 +418,9 @@ class CheckpointManager:
         block with Ctrl-C held back. A save in flight is waited for first.
 
         Args:
-            model, optimizer, scheduler: the live objects (built as for the saved run).
+            model, optimizer, scheduler: the live objects (built as for the saved run),
+                in the structure they were saved in (one object, a sequence, a mapping of
+                the same keys); another structure is refused, nothing changed.
             step: the set to restore; ``None``: the newest that verifies (newer damaged or
                 incomplete sets are passed over, each named in a warning).
             rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.

@@ -33,14 +33,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...codec.sets.set_keys import as_key
+from .multi_set_writing import set_source, write_any
 
 # Writing and restoring live in their own modules; this one offers the public functions
 # and names all of them.
 from .set_restoring import Restored, Targets, restore_set
-from .set_writing import live_source, write_set
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
@@ -48,14 +46,15 @@ __all__ = ["save_checkpoint", "load_checkpoint"]
 def save_checkpoint(
     path: str | os.PathLike,
     *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    model: Any,
+    optimizer: Any = None,
     scheduler: Any = None,
     random_counter: int | None = None,
     extra: Any = None,
     step: int = 0,
     overwrite: bool = False,
     key: bytes | None = None,
+    model_format: str = "auto",
 ) -> Path:
     """Save a whole training state as one checkpoint set: the folder ``path``, committed
     atomically (a crash leaves the previous set at ``path`` — or none — or the new one, and
@@ -63,9 +62,10 @@ def save_checkpoint(
 
     Args:
         path: the set's folder; it must not exist unless ``overwrite``.
-        model: the model (``TLSF32B`` when float32, else exact-bits JSON).
-        optimizer: its Adam/AdamW optimizer, if any.
-        scheduler: its learning-rate scheduler, if any.
+        model: the model; or a sequence or mapping of models (a GAN's ``{"G": g, "D": d}``).
+        optimizer: its optimizer, if any; or a sequence or mapping of optimizers (each
+            bound to the models holding its parameters: :mod:`.set_structure`).
+        scheduler: its learning-rate scheduler, if any; or a sequence or mapping of them.
         random_counter: the run's random counter, if it has one.
         extra: anything else, of JSON values (exactly, or refused).
         step: the step the set records.
@@ -73,6 +73,12 @@ def save_checkpoint(
             its target untouched).
         key: sign the set with this 32-byte key (members digested with keyed BLAKE3 as
             they are written, the manifest authenticated); it then loads only with the key.
+        model_format: each model member's family: ``"auto"`` (``TLSF32B`` for a float32
+            model, the safetensors layout otherwise), ``"torchlean"`` (``TLSF32B`` or
+            exact-bits JSON: files TorchLean reads), ``"safetensors"``. A set of one model
+            in a TorchLean family, at most one Adam/AdamW optimizer and one scheduler, each
+            given as one object, is a version-1 set (as earlier versions wrote); any other
+            is version 2 (docs/format.md §7).
 
     Returns:
         The set's folder.
@@ -87,15 +93,15 @@ def save_checkpoint(
         >>> save_checkpoint("ckpt", model=model, optimizer=opt, step=100)  # doctest: +SKIP
     """
     key = as_key(key)
-    source = live_source(step, model, optimizer, scheduler, random_counter, extra)
-    return write_set(path, step, source, overwrite=overwrite, key=key)
+    source = set_source(step, model, optimizer, scheduler, random_counter, extra, model_format)
+    return write_any(path, step, source, overwrite=overwrite, key=key)
 
 
 def load_checkpoint(
     path: str | os.PathLike,
     *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    model: Any,
+    optimizer: Any = None,
     scheduler: Any = None,
     rng: bool = False,
     key: bytes | None = None,
@@ -111,7 +117,9 @@ def load_checkpoint(
 
     Args:
         path: the set's folder.
-        model, optimizer, scheduler: the live objects, built as for the saved run.
+        model, optimizer, scheduler: the live objects, built as for the saved run, given
+            in the structure they were saved in (one object, a sequence, a mapping with
+            the same keys); another structure is refused.
         rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.
         key: the 32-byte key the set was signed with; ``None`` for an unsigned set.
 

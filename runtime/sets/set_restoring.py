@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...codec.errors import CheckpointError, SchemaMismatchError
+from ...codec.errors import CheckpointError
 from ...codec.sets.checkpoint_set import VerifiedSet, newest_usable
 from ...codec.sets.set_documents import parse_manifest, parse_training_state
 from ...codec.sets.set_folders import set_path
@@ -26,12 +26,13 @@ from ...formats.checkpoint_set import (
 )
 from ..commit.plans import committing
 from ..ops import bits_files, float32_files, optimizer_files
-from ..ops.state_tensors import require_module, state_tensors
+from ..ops.state_tensors import require_module
 from ..placement.choice import placement_for
 from ..placement.collectives import broadcast_bytes, is_writer
 from ..placement.local_placement import LOCAL
 from ..placement.placement_protocol import Placement
 from . import training_state
+from .multi_set_restoring import check_state_tensors, restore_structured, targets_structured
 
 __all__ = ["Restored", "Targets", "restore_set", "restore_latest"]
 
@@ -72,30 +73,6 @@ class _Unverified(Exception):
     """Phase 1 failed: the set is damaged or incomplete (``__cause__`` says how)."""
 
 
-def _check_names(manifest_state: Any, model: torch.nn.Module) -> None:
-    live = [(n, tuple(t.shape)) for n, t in state_tensors(model)]
-    saved = list(manifest_state)
-    if live == saved:
-        return
-    if len(live) != len(saved):
-        raise SchemaMismatchError(
-            f"the set holds {len(saved)} state tensors, the model has {len(live)}",
-            field="state",
-            actual=len(live),
-            expected=len(saved),
-        )
-    i = next(k for k, (a, b) in enumerate(zip(live, saved)) if a != b)
-    what = "names" if live[i][1] == saved[i][1] else "shapes"
-    raise SchemaMismatchError(
-        f"state tensor {i} is {saved[i][0]!r} {list(saved[i][1])} in the set and"
-        f" {live[i][0]!r} {list(live[i][1])} in the model: the {what} differ (a model whose"
-        " layers are registered in another order is refused even when the shapes agree)",
-        field=f"state[{i}]",
-        actual=live[i],
-        expected=saved[i],
-    )
-
-
 def restore_set(
     folder: str | os.PathLike,
     targets: Targets,
@@ -117,9 +94,11 @@ def restore_set(
             not fit the objects; nothing live has changed.
         OSError: from the file system; nothing live has changed.
     """
-    require_module(targets.model)
+    structured = targets_structured(targets.model, targets.optimizer, targets.scheduler)
+    if not structured:
+        require_module(targets.model)
     key = as_key(key)  # a bad key is the caller's error, never a set to pass over
-    placement = placement_for(targets.model)
+    placement = LOCAL if structured else placement_for(targets.model)
     if placement is not LOCAL:
         return _restore_sharded(placement, folder, targets, key)
     with contextlib.ExitStack() as stack:
@@ -139,6 +118,18 @@ def restore_set(
                     raise _Unverified() from exc
                 raise
 
+        if structured or verified.manifest.version != 1:
+            # Sets of several objects, or of other families: :mod:`.multi_set_restoring`.
+            step, counter, extra = restore_structured(
+                verified,
+                state,
+                targets.model,
+                targets.optimizer,
+                targets.scheduler,
+                targets.rng,
+                digests_verified,
+            )
+            return Restored(step, counter, extra)
         return _fit_and_commit(
             placement,
             verified,
@@ -175,7 +166,7 @@ def _fit_and_commit(
         return verified.file(role)
 
     def fits() -> training_state.Application:
-        _check_names(manifest.state, model)
+        check_state_tensors(manifest.state, model)
         if optimizer is not None and "optimizer" not in manifest.members:
             raise CheckpointError("an optimizer was given, and the set holds no optimizer member")
         return training_state.prepare(state, optimizer, targets.scheduler, targets.rng)
@@ -240,10 +231,18 @@ def _restore_sharded(
             manifest = verified.manifest
             broadcast_bytes(verified.manifest_bytes)
             broadcast_bytes(verified.file("training_state").read())  # the handle it checked
-            return _fit_and_commit(placement, verified, state, manifest, targets)
-        manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
-        state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
-        return _fit_and_commit(placement, None, state, manifest, targets)
+        else:
+            verified = None
+            manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
+            state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
+        if manifest.version != 1:
+            raise CheckpointError(
+                "a sharded (DTensor) model is restored from sets of one model, one"
+                " Adam/AdamW optimizer and one scheduler only; this set is of version"
+                f" {manifest.version} (several objects, or a safetensors member)",
+                field="version",
+            )
+        return _fit_and_commit(placement, verified, state, manifest, targets)
 
 
 def restore_latest(

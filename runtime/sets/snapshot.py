@@ -21,7 +21,7 @@ capture (a manager's next save waits for the previous one first).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..binding.dtensors import sharded
 from ..binding.slots import view_key
 from ..ops.state_tensors import NamedTensors, state_tensors
 
-__all__ = ["Snapshot", "Snapshotter"]
+__all__ = ["Snapshot", "ManySnapshot", "Snapshotter"]
 
 _ALIGN = 64  # bytes: every copy starts on a cache line
 
@@ -43,8 +43,20 @@ def _key(t: torch.Tensor) -> tuple:
     return view_key(t) if t.numel() else ("object", id(t))
 
 
+class _Landing:
+    """Copies that land asynchronously (device copies), each with its completion event."""
+
+    _events: list[Any]
+
+    def wait(self) -> None:
+        """Block until every copy has landed (device copies run asynchronously)."""
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+
+
 @dataclass
-class Snapshot:
+class Snapshot(_Landing):
     """Host copies of a model's state and an optimizer's, as of one capture.
 
     Attributes:
@@ -61,11 +73,24 @@ class Snapshot:
     nbytes: int
     _events: list[Any]
 
-    def wait(self) -> None:
-        """Block until every copy has landed (device copies run asynchronously)."""
-        for event in self._events:
-            event.synchronize()
-        self._events = []
+
+@dataclass
+class ManySnapshot(_Landing):
+    """Host copies of several models' and optimizers' state, as of one capture.
+
+    Attributes:
+        states: each model's state name → copy, in ``state_dict`` order.
+        optimizers: a stand-in over the copies for each optimizer, in order.
+        copy_of: the copy of a live tensor the capture copied (a parameter's copy is a
+            parameter).
+        nbytes: bytes copied.
+    """
+
+    states: list[dict[str, torch.Tensor]]
+    optimizers: list[torch.optim.Optimizer]
+    copy_of: Callable[[torch.Tensor], torch.Tensor]
+    nbytes: int
+    _events: list[Any]
 
 
 class Snapshotter:
@@ -92,15 +117,30 @@ class Snapshotter:
         Raises:
             CheckpointError: the model holds DTensors (sharded models are saved blocking).
         """
-        if sharded(model):
+        taken = self.capture_many([model], [] if optimizer is None else [optimizer])
+        state = taken.states[0]
+        params = [taken.copy_of(p) for _, p in model.named_parameters(remove_duplicate=False)]
+        stand_in = taken.optimizers[0] if optimizer is not None else None
+        return Snapshot(state, params, stand_in, taken.nbytes, taken._events)
+
+    def capture_many(
+        self, models: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+    ) -> ManySnapshot:
+        """Copy the state of several models and optimizers now, into the one arena (a set
+        of several: every distinct tensor once, whichever model or optimizer holds it).
+
+        Raises:
+            CheckpointError: a model holds DTensors (sharded models are saved blocking).
+        """
+        if any(sharded(model) for model in models):
             raise CheckpointError(
                 "a background save (blocking=False) of a sharded model is not supported:"
                 " save it with blocking=True"
             )
-        named: NamedTensors = state_tensors(model)
-        slots = list(model.named_parameters(remove_duplicate=False))
+        nameds: list[NamedTensors] = [state_tensors(model) for model in models]
+        slots = [p for model in models for _, p in model.named_parameters(remove_duplicate=False)]
         moments: list[tuple[Any, str, torch.Tensor]] = []
-        if optimizer is not None:
+        for optimizer in optimizers:
             for p, entry in optimizer.state.items():
                 for key, value in entry.items():
                     if isinstance(value, torch.Tensor):
@@ -108,7 +148,8 @@ class Snapshotter:
         # One copy per distinct view (tied parameters are one tensor in several places).
         order: dict[tuple, int] = {}
         lives: list[torch.Tensor] = []
-        for t in [t for _, t in named] + [p for _, p in slots] + [v for _, _, v in moments]:
+        named_tensors = [t for named in nameds for _, t in named]
+        for t in named_tensors + slots + [v for _, _, v in moments]:
             key = _key(t)
             if key not in order:
                 order[key] = len(lives)
@@ -126,7 +167,7 @@ class Snapshotter:
         events = self._copy(lives, copies)
         # Parameters become parameters again (the optimizer's writer reads requires_grad).
         as_param: dict[int, torch.Tensor] = {}
-        for _, p in slots:
+        for p in slots:
             k = order[_key(p)]
             if k not in as_param:
                 as_param[k] = torch.nn.Parameter(copies[k], requires_grad=p.requires_grad)
@@ -135,12 +176,9 @@ class Snapshotter:
             k = order[_key(t)]
             return as_param.get(k, copies[k])
 
-        state = {name: copy_of(t) for name, t in named}
-        params = [copy_of(p) for _, p in slots]
-        stand_in = None
-        if optimizer is not None:
-            stand_in = _stand_in(optimizer, copy_of)
-        return Snapshot(state, params, stand_in, total, events)
+        states = [{name: copy_of(t) for name, t in named} for named in nameds]
+        stand_ins = [_stand_in(optimizer, copy_of) for optimizer in optimizers]
+        return ManySnapshot(states, stand_ins, copy_of, total, events)
 
     def _copy(self, lives: Sequence[torch.Tensor], copies: Sequence[torch.Tensor]) -> list[Any]:
         with torch.no_grad():

@@ -37,7 +37,43 @@ from ..commit.rollback import Rollback
 from . import rng_states
 from .param_group_values import member_values, restored_values
 
-__all__ = ["capture", "prepare", "Application"]
+__all__ = ["capture", "prepare", "Application", "load_schedulers"]
+
+
+def load_schedulers(
+    pairs: Sequence[tuple[Any, Any]], optimizers: Sequence[torch.optim.Optimizer]
+) -> None:
+    """Load each scheduler's saved state, staged together: everything a scheduler's
+    ``load_state_dict`` could change (the schedulers' attributes, their child schedulers, the
+    optimizers' param group dictionaries) is recorded first, and put back exactly, in place,
+    if one raises — a ``KeyboardInterrupt`` included.
+
+    Args:
+        pairs: ``(scheduler, its saved state_dict)`` each.
+        optimizers: the optimizers whose param groups the schedulers may change.
+
+    Raises:
+        ConfigError: a scheduler refused its state.
+        BaseException: what ``load_state_dict`` raised, if not an ``Exception``
+            (``KeyboardInterrupt``), after the rollback.
+    """
+    if not pairs:
+        return
+    lists = [o.param_groups for o in optimizers]
+    before = Rollback([*(s for s, _ in pairs), *lists, *(g for gs in lists for g in gs)])
+    try:
+        for scheduler, saved in pairs:
+            scheduler.load_state_dict(copy.deepcopy(saved))
+    except BaseException as exc:  # user code: put everything back, whatever it raised
+        before.restore()
+        if not isinstance(exc, Exception):
+            raise
+        which = "the scheduler" if len(pairs) == 1 else "a scheduler"
+        raise ConfigError(
+            f"{which} refused the saved state: {type(exc).__name__}: {exc}",
+            field="scheduler",
+        ) from exc
+
 
 _GROUP_SKIP = ("params",)
 
@@ -167,20 +203,9 @@ class Application:
             BaseException: what ``load_state_dict`` raised, if not an ``Exception``
                 (``KeyboardInterrupt``), after the rollback.
         """
-        if self.scheduler is None:
-            return
-        groups = [] if self.optimizer is None else self.optimizer.param_groups
-        before = Rollback([self.scheduler, groups, *groups])
-        try:
-            self.scheduler.load_state_dict(copy.deepcopy(self.scheduler_state))
-        except BaseException as exc:  # user code: put everything back, whatever it raised
-            before.restore()
-            if not isinstance(exc, Exception):
-                raise
-            raise ConfigError(
-                f"the scheduler refused the saved state: {type(exc).__name__}: {exc}",
-                field="scheduler",
-            ) from exc
+        if self.scheduler is not None:
+            optimizers = [] if self.optimizer is None else [self.optimizer]
+            load_schedulers([(self.scheduler, self.scheduler_state)], optimizers)
 
     def adopt_member(self, member_groups: Sequence[ParamGroupConfig]) -> None:
         """Check the document's param groups against the optimizer member's hyperparameters

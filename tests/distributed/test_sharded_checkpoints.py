@@ -338,6 +338,10 @@ def test_checkpoint_set_of_a_sharded_model(groups):
         assert r["counter"] == K
         assert r["after_restore"] == []
         assert "not supported" in r["background"]
+        refused = r["structured"]
+        assert "sharded (DTensor) model" in refused["sequence"], refused
+        assert "not supported for a sharded model" in refused["safetensors"], refused
+        assert refused["sequence_steps"] == refused["safetensors_steps"] == []
 
 
 def test_signed_checkpoint_set_of_a_sharded_model(groups):

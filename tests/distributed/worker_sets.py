@@ -41,8 +41,23 @@ def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
         background = "accepted"
     except tlckpt.CheckpointError as exc:
         background = str(exc)
+    # Version-2 sets (several objects, a safetensors member) of a sharded model: refused on
+    # every rank before any collective, nothing written.
+    structured = {}
+    for label, kwargs, fmt in (
+        ("sequence", {"model": [model], "optimizer": [opt]}, "auto"),
+        ("safetensors", {"model": model, "optimizer": opt}, "safetensors"),
+    ):
+        other = tlckpt.CheckpointManager(MINE / f"sets-{label}", model_format=fmt)
+        try:
+            other.save(K, **kwargs)
+            structured[label] = "accepted"
+        except tlckpt.CheckpointError as exc:
+            structured[label] = f"{type(exc).__name__}: {exc}"
+        structured[label + "_steps"] = other.steps()
     dist.barrier()
     return {
+        "structured": structured,
         "steps": manager.steps(),
         "same_model": same_model,
         "world_size": verified,

@@ -139,6 +139,19 @@ def main(vectors: Path, work: Path) -> dict:
     named_files = [work / "n.safetensors", work / "s.safetensors"]
     named_files += _flipped(named_files, 24, 0x5A, "nmut")
 
+    # Optimizer trees (every optimizer but Adam/AdamW), in a set too, and mutants.
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 4)).sum().backward()
+    sgd.step()
+    tlckpt.save_optimizer(sgd, model, work / "t.optree")
+    tree_set = tlckpt.save_checkpoint(work / "sgd_set", model=model, optimizer=sgd, step=2)
+    tree_files = [work / "t.optree"]
+    data = tree_files[0].read_bytes()
+    for j in range(0, len(data), max(1, len(data) // 40)):
+        mutant = work / f"tmut_{j}.optree"
+        mutant.write_bytes(data[:j] + bytes([data[j] ^ 0x5A]) + data[j + 1 :])
+        tree_files.append(mutant)
+
     def open_and_read(p):
         with tlckpt.open_checkpoint(p) as f:
             return [f.tensor(n) for n in f.names()]
@@ -151,6 +164,16 @@ def main(vectors: Path, work: Path) -> dict:
             yield f"read_metadata:{f.name}", tlckpt.read_metadata, f
             yield f"open_checkpoint:{f.name}", open_and_read, f
             yield f"tlckpt.inspect:{f.name}", tlckpt.inspect, f
+        for f in tree_files:
+            yield f"load_optimizer:{f.name}", lambda p: tlckpt.load_optimizer(sgd, model, p), f
+            yield f"tlckpt.inspect:{f.name}", tlckpt.inspect, f
+            yield f"open_checkpoint:{f.name}", open_and_read, f
+            yield f"cli validate:{f.name}", lambda p: cli_main(["validate", str(p)]), f
+        yield (
+            f"load_checkpoint:{tree_set.name}",
+            lambda p: tlckpt.load_checkpoint(p, model=model, optimizer=sgd),
+            tree_set,
+        )
         for seed in seeds:
             for label, fn in readers(seed):
                 yield f"{label}:{seed.name}", fn, io.BytesIO(seed.data)

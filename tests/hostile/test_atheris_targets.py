@@ -19,7 +19,9 @@ pytest.importorskip("atheris", reason="atheris is pinned in requirements-dev.txt
 RUNS = 2500
 
 
-@pytest.mark.parametrize("target", ["adam", "tlsf32", "json", "tlckopt", "inspect"])
+@pytest.mark.parametrize(
+    "target", ["adam", "tlsf32", "json", "tlckopt", "optimizer_tree", "inspect"]
+)
 def test_atheris_target_runs_clean(target: str, tmp_path: Path) -> None:
     proc = run_campaign(
         ["fuzz.atheris_run", "--target", target, "--runs", str(RUNS), "--out", str(tmp_path)],

@@ -89,7 +89,7 @@ def test_a_failure_already_raised_is_not_said_again_at_exit(tmp_path: Path) -> N
         + "import tlckpt.runtime.sets.checkpoint_manager as cm\n"
         + "def refuse(*args, **kwargs):\n"
         + "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
-        + "cm.write_set = refuse\n"
+        + "cm.write_any = refuse  # what the manager writes a set with\n"
         + "handle = "
         + SAVE
         + "try:\n    handle.wait()\nexcept OSError as exc:\n    print('raised', exc.errno)\n"

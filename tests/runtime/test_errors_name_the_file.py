@@ -160,8 +160,8 @@ def _load_bits_integer(path: Path) -> None:
 
 CASES: dict[str, Callable[[Path], Any]] = {
     # --- save_optimizer refusals (checked before the first byte)
-    "save_optimizer: not Adam": lambda p: tlckpt.save_optimizer(
-        _stepped(m := _net(), cls=torch.optim.SGD, lr=0.1), m, p
+    "save_optimizer: SGD for TorchLean": lambda p: tlckpt.save_optimizer(
+        _stepped(m := _net(), cls=torch.optim.SGD, lr=0.1), m, p, require_torchlean=True
     ),
     "save_optimizer: amsgrad": lambda p: tlckpt.save_optimizer(
         _stepped(m := _net(), amsgrad=True), m, p, require_torchlean=True

@@ -19,7 +19,6 @@ from runtime_support import step_once
 from tlckpt.codec import (
     AdamEntry,
     AdamKind,
-    CheckpointError,
     ConfigError,
     EntryError,
     SchemaMismatchError,
@@ -87,12 +86,16 @@ def _assert_not_torchlean(opt, model, torchlean: Path, match: str) -> None:
     assert optimizer_unchanged(opt, snap)
 
 
-def test_not_adam(trained):
+def test_not_adam(trained, tmp_path):
+    # Any other optimizer is an optimizer tree (tests/runtime/test_optimizer_trees.py); an
+    # Adam file does not load into it, nor it into TorchLean's families.
     model, _, path = trained
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(CheckpointError, match="SGD is not supported"):
-        save_optimizer(sgd, model, path)
-    with pytest.raises(CheckpointError, match="SGD"):
+    with pytest.raises(ConfigError, match="TorchLean"):
+        save_optimizer(sgd, model, tmp_path / "sgd.bin", require_torchlean=True)
+    assert save_optimizer(sgd, model, tmp_path / "sgd.bin") == 1
+    assert inspect(tmp_path / "sgd.bin")["family"] == "optimizer_tree"
+    with pytest.raises(ConfigError, match="SGD"):
         load_optimizer(sgd, model, path)
 
 

@@ -182,10 +182,10 @@ def test_a_restore_that_does_not_fit_changes_nothing(tmp_path: Path) -> None:
     assert other_opt.state == {} and [g["lr"] for g in other_opt.param_groups] == lrs
 
 
-def test_non_float32_models_use_exact_bits_json(tmp_path: Path) -> None:
+def test_non_float32_models_use_exact_bits_json_in_torchlean_format(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).to(torch.bfloat16)
-    folder = save_checkpoint(tmp_path / "s", model=model, step=4)
+    folder = save_checkpoint(tmp_path / "s", model=model, step=4, model_format="torchlean")
     assert sorted(p.name for p in folder.iterdir()) == [
         "manifest.json",
         "model.json",
