@@ -1,5 +1,5 @@
 """A set folder's locks, renames and removal, which the commit and the cleaners share
-(numpy-free, torch-free): a new temporary folder created and locked, a folder locked, renamed
+(torch-free): a new temporary folder created and locked, a folder locked, renamed
 aside under a fresh hidden name, removed without following links.
 """
 
