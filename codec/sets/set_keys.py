@@ -8,7 +8,6 @@ The key itself is never kept once the three derived values are made, never shown
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any
 
 import blake3
@@ -22,6 +21,7 @@ from ...formats.checkpoint_set import (
     MEMBER_KEY_CONTEXT,
 )
 from ..errors import CheckpointError
+from ..fileio.source import open_regular
 
 __all__ = ["SetKey", "as_key", "read_key_file", "member_hash"]
 
@@ -117,18 +117,14 @@ def read_key_file(path: str | os.PathLike) -> bytes:
             file's length, never its bytes).
         OSError: the file cannot be opened or read.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError("the key file is not a regular file", path=path, field="key file")
-        data = b""
-        while len(data) <= _MAX_KEY_FILE_BYTES:
-            chunk = os.read(fd, _MAX_KEY_FILE_BYTES + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
+
+    def not_regular(name: str, kind: str) -> CheckpointError:
+        return CheckpointError(
+            f"the key file is not a regular file ({kind})", path=name, field="key file"
+        )
+
+    with open_regular(path, not_regular) as f:
+        data = f.read(_MAX_KEY_FILE_BYTES + 1)  # one byte more shows a longer file
     if len(data) == KEY_BYTES:
         return data
     digits = data[:-1] if data.endswith(b"\n") else data
