@@ -230,9 +230,7 @@ class SetWriter:
         """
         records = self.records()
         tree = records["state"]
-        records["state"] = replace(
-            tree, tensors=tuple((n, tuple(s)) for n, s in tensors), tied={}
-        )
+        records["state"] = replace(tree, tensors=tuple((n, tuple(s)) for n, s in tensors), tied={})
         data = build_manifest_v3(self.step, library_name(), records, 1, self.key)
         return self._commit_manifest(data)
 

@@ -29,8 +29,8 @@ from ...codec.errors import MalformedError, SchemaMismatchError, names_the_file
 from ...codec.exact_json.json_document import parse_embedded_json
 from ...codec.fileio.source import PathOrFile, open_source
 from ...codec.safetensors import write_safetensors
-from ...codec.safetensors.writer import TensorData
 from ...codec.safetensors.reader import read_header
+from ...codec.safetensors.writer import TensorData
 from ...codec.sets.exact_values import TensorScalar, decode_value, encode_value, json_path
 from .tensor_files import read_entry, tensor_data
 

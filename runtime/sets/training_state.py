@@ -153,7 +153,9 @@ def capture(
     if scheduler is not None:
         scheduler_state = scheduler.state_dict()
     groups = None if optimizer is None else _param_groups(optimizer)
-    return build_training_state(step, random_counter, scheduler_state, groups, current_rng_states(), extra)
+    return build_training_state(
+        step, random_counter, scheduler_state, groups, current_rng_states(), extra
+    )
 
 
 # --------------------------------------------------------------------------- restore
