@@ -63,8 +63,8 @@ _CALLBACK_BASES = _installed_bases(
 )
 
 
-def _require_lightning(what: str) -> None:
-    if not _IO_BASES:
+def _require_lightning(what: str, bases: tuple[type, ...]) -> None:
+    if not bases:
         raise MissingDependencyError(
             missing_message("lightning", what, "or pytorch_lightning"), name="lightning"
         )
@@ -106,7 +106,7 @@ class TlckptRandomStates(*_CALLBACK_BASES):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
-        _require_lightning("TlckptRandomStates")
+        _require_lightning("TlckptRandomStates", _CALLBACK_BASES)
         super().__init__()
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
@@ -136,7 +136,7 @@ class TlckptCheckpointIO(*_IO_BASES):  # type: ignore[misc]
     def __init__(
         self, *, rng: bool = True, fallback: bool = True, durable: bool = True, key: Any = None
     ) -> None:
-        _require_lightning("TlckptCheckpointIO")
+        _require_lightning("TlckptCheckpointIO", _IO_BASES)
         super().__init__()
         from ..codec.sets.set_keys import as_key
 

@@ -331,3 +331,56 @@ def test_the_sets_are_state_tree_sets(uninterrupted: dict) -> None:
     names = [name for name, _ in manifest.state]
     assert "state_dict.net.0.weight" in names
     assert any(n.startswith("optimizer_states[0].state[0].exp_avg") for n in names)
+
+
+@pytest.mark.parametrize(
+    "blocked", [("torch",), ("lightning", "pytorch_lightning", "lightning_fabric")]
+)
+def test_the_module_imports_without_lightning_and_says_what_to_install(
+    blocked: tuple[str, ...],
+) -> None:
+    """In a child whose ``sys.modules`` blocks the packages (what an environment without
+    them looks like to ``import``): the module imports; the classes say what to install."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        for name in {blocked!r}:
+            sys.modules[name] = None
+        from tlckpt.integrations import lightning
+        from tlckpt.optional import MissingDependencyError
+        for make in (lightning.TlckptCheckpointIO, lightning.TlckptRandomStates):
+            try:
+                make()
+            except MissingDependencyError as exc:
+                print("REFUSED", exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all("pip install lightning" in line for line in lines), lines
+
+
+def test_fabric_takes_the_plug_in_too(tmp_path: Path) -> None:
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", plugins=[TlckptCheckpointIO()])
+    torch.manual_seed(0)
+    model, opt = fabric.setup(*_linear_and_adamw())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    fabric.save(tmp_path / "f.ckpt", {"model": model, "optimizer": opt, "step": 1})
+    verify_checkpoint(tmp_path / "f.ckpt")
+    again, again_opt = fabric.setup(*_linear_and_adamw())
+    assert fabric.load(tmp_path / "f.ckpt", {"model": again, "optimizer": again_opt}) == {"step": 1}
+    assert _same(again, model)
+    assert torch.equal(
+        again_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"]
+    )
+
+
+def _linear_and_adamw() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.AdamW(model.parameters())
