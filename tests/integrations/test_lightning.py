@@ -310,6 +310,10 @@ def test_loading_unpickles_nothing(uninterrupted: dict) -> None:
         sys.addaudithook(hook)
         everything()
         print("SEEN", sorted(set(seen)))
+        # The control: an unpickling the hook must see (the C pickler, not tripwired).
+        import _pickle, collections
+        _pickle.loads(_pickle.dumps(collections.OrderedDict()))
+        print("CONTROL", sorted(set(seen)))
         """
     )
     paths = [str(folder / STEP_5), str(folder / STEP_10)]
@@ -323,6 +327,7 @@ def test_loading_unpickles_nothing(uninterrupted: dict) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SEEN []" in done.stdout, done.stdout[-2000:]
+    assert "CONTROL ['pickle.find_class']" in done.stdout, done.stdout[-2000:]
 
 
 def test_the_sets_are_state_tree_sets(uninterrupted: dict) -> None:
