@@ -11,6 +11,7 @@ from typing import Any
 from ..codec.sets.set_document_writing import member_fields
 from ..codec.sets.set_documents import Manifest
 from ..codec.sets.set_folders import read_manifest
+from ..formats.checkpoint_set import SET_VERSION_3
 
 __all__ = ["set_description", "describe_set"]
 
@@ -57,6 +58,8 @@ def describe_set(info: dict[str, Any], folder: str | os.PathLike) -> str:
         if "models" in m:
             line += f"; binds {', '.join(m['models'])}; {m['groups']} param groups"
         lines.append(line)
-    if info["structure"] is None:
+    if info["version"] == SET_VERSION_3:
+        lines.append(f"  state tree (a framework's checkpoint): {len(info['state'])} tensors")
+    elif info["structure"] is None:
         lines.append(f"  model state: {len(info['state'])} tensors")
     return "\n".join(lines)

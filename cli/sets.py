@@ -3,6 +3,8 @@
 
 ``ls`` lists every set folder of a directory, oldest first: its step, its size (the members'
 bytes, manifest included), and whether it verifies — or why not (the member and the check);
+then the sets under other names (a folder holding a manifest, such as Lightning's
+``epoch=0-step=5.ckpt`` written by :mod:`tlckpt.integrations.lightning`), by name;
 leftovers of killed saves are counted, and entries named like a set that are not one (a
 step above 2**64 - 1, a file, a FIFO) are named as skipped. ``verify`` checks one set
 completely (:func:`~tlckpt.codec.sets.checkpoint_set.verify_checkpoint`). With a key
@@ -21,9 +23,9 @@ from ..codec.errors import CheckpointError
 from ..codec.fileio.atomic import is_library_temporary
 from ..codec.sets.checkpoint_set import verify_checkpoint
 from ..codec.sets.set_commit import is_retired
-from ..codec.sets.set_folders import scan_sets, set_path
+from ..codec.sets.set_folders import read_manifest, scan_sets, set_path
 from ..codec.sets.set_keys import as_key
-from ..formats.checkpoint_set import MANIFEST_FILE
+from ..formats.checkpoint_set import FOLDER_PATTERN, MANIFEST_FILE
 from .describe import table
 from .printable import printable
 
@@ -65,21 +67,29 @@ def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
     steps, strays = scan_sets(directory)
     for step in steps:
         folder = set_path(directory, step)
+        rows.append((step, _human(_size(folder)), _verdict(folder, key)))
+    named = []
+    for name in sorted(names):
+        folder = directory / name
+        # Sets under other names (Lightning's ``epoch=0-step=5.ckpt``): a folder, not hidden
+        # (temporaries and leftovers are), holding a manifest.
+        if name.startswith(".") or FOLDER_PATTERN.fullmatch(name) or not folder.is_dir():
+            continue
+        if not (folder / MANIFEST_FILE).is_file():
+            continue
         try:
-            manifest = verify_checkpoint(folder, key=key)
-            members = ", ".join(sorted(m.file for m in manifest.members.values()))
-            signed = "" if manifest.key_id is None else f", signed, key id {manifest.key_id}"
-            verdict = f"verified ({members}{signed})"
-        except (CheckpointError, OSError) as exc:
-            kind = type(exc).__name__
-            check = getattr(exc, "check", None)
-            verdict = f"NOT VERIFIED: {kind}{f' ({check})' if check else ''}: {_one_line(exc)}"
-        rows.append((step, _human(_size(folder)), verdict))
+            step = str(read_manifest(folder, authenticate=False).step)
+        except (CheckpointError, OSError):
+            step = "?"
+        named.append((printable(name), step, _human(_size(folder)), _verdict(folder, key)))
     leftovers = [n for n in names if is_library_temporary(n)]
     retired = [n for n in names if is_retired(n)]
     lines = [f"{directory}: {len(rows)} set(s)"]
     if rows:
         lines.append(table(("step", "size", "status"), rows))
+    if named:
+        lines.append(f"{len(named)} set(s) under other names")
+        lines.append(table(("set", "step", "size", "status"), named))
     if leftovers:
         count = len(leftovers)
         lines.append(f"{count} leftover(s) of interrupted saves (removed by the next save)")
@@ -92,6 +102,19 @@ def list_sets(directory: str | os.PathLike, key: Any = None) -> str:
         )
     lines.extend(f"skipped {name}: not a checkpoint set ({why})" for name, why in strays)
     return "\n".join(lines)
+
+
+def _verdict(folder: Path, key: Any) -> str:
+    """``ls``'s status of one set: verified (its members), or why not."""
+    try:
+        manifest = verify_checkpoint(folder, key=key)
+    except (CheckpointError, OSError) as exc:
+        kind = type(exc).__name__
+        check = getattr(exc, "check", None)
+        return f"NOT VERIFIED: {kind}{f' ({check})' if check else ''}: {_one_line(exc)}"
+    members = ", ".join(sorted(m.file for m in manifest.members.values()))
+    signed = "" if manifest.key_id is None else f", signed, key id {manifest.key_id}"
+    return f"verified ({members}{signed})"
 
 
 def verify_set(path: str | os.PathLike, key: Any = None) -> str:

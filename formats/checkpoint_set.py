@@ -135,6 +135,12 @@ __all__ = [
     "MODEL_MEMBER_KEYS_V2",
     "OPTIMIZER_MEMBER_KEYS_V2",
     "STRUCTURE_ENTRY_KEYS",
+    "SET_VERSION_3",
+    "STATE_TREE_MEMBER",
+    "STATE_TREE_FILE",
+    "MANIFEST_KEYS_V3",
+    "SIGNED_MANIFEST_KEYS_V3",
+    "STATE_TREE_MEMBER_KEYS",
 ]
 
 # --------------------------------------------------------------------------- documents
@@ -402,8 +408,6 @@ INT_RANGE = (-(2**63), 2**64 - 1)
 
 #: The manifest version of sets version 1 cannot describe.
 SET_VERSION_2 = 2
-#: Every manifest version this library reads.
-SET_VERSIONS = (SET_VERSION, SET_VERSION_2)
 #: The roles whose objects a set's structure records.
 STRUCTURE_ROLES = ("model", "optimizer", "scheduler")
 #: How a role's objects were given.
@@ -432,3 +436,41 @@ MODEL_MEMBER_KEYS_V2 = (*MEMBER_KEYS, "tensors", "tied")
 OPTIMIZER_MEMBER_KEYS_V2 = (*MEMBER_KEYS, "models", "groups")
 #: A structure entry's keys.
 STRUCTURE_ENTRY_KEYS = ("kind", "keys")
+
+# --------------------------------------------------------------------------- version 3
+#
+# Version 3 is a set of one *state tree*: a framework's whole checkpoint as it hands it over
+# (Lightning's checkpoint dict: model ``state_dict``, optimizer states, schedulers, loops,
+# callbacks, hyperparameters), with no module or optimizer to bind it to. Its tensors are in
+# one safetensors member, ``state.safetensors``, the tree itself (structure and every
+# non-tensor value, exactly) in that file's ``__metadata__`` (``tlckpt.state``, see
+# ``tlckpt.runtime.ops.state_trees``); the training-state document holds the step, the
+# global random states and, in ``extra``, what the writer needs to rebuild the tree::
+#
+#     {"format": "tlckpt_checkpoint_set", "version": 3, "step": 5,
+#      "library": "tlckpt 0.1.0", "digest": "xxh3_128",
+#      "members": {
+#        "state": {"file": "state.safetensors", "family": "safetensors", "version": 0,
+#                  "size": 1234, "digest": "<hex>",
+#                  "tensors": [["state_dict.net.0.weight", [8, 4]], ...], "tied": {}},
+#        "training_state": {...}},
+#      "world_size": 1, "self_digest": "<hex>"}
+#
+# ``tensors`` lists the member's tensors (names as in its header, in file order; a tensor
+# the tree holds in several places is stored once, so ``tied`` is always empty). A signed
+# version-3 manifest adds ``key_id`` and ends with ``mac``, as versions 1 and 2.
+
+#: The manifest version of a set of one state tree.
+SET_VERSION_3 = 3
+#: Its tree member's role and file.
+STATE_TREE_MEMBER = "state"
+STATE_TREE_FILE = "state.safetensors"
+#: Version 3's manifest keys (unsigned and signed): version 1's without ``state`` (the
+#: tree member lists its tensors).
+MANIFEST_KEYS_V3 = tuple(k for k in MANIFEST_KEYS if k != "state")
+SIGNED_MANIFEST_KEYS_V3 = tuple(k for k in SIGNED_MANIFEST_KEYS if k != "state")
+#: The tree member's entry.
+STATE_TREE_MEMBER_KEYS = (*MEMBER_KEYS, "tensors", "tied")
+
+#: Every manifest version this library reads.
+SET_VERSIONS = (SET_VERSION, SET_VERSION_2, SET_VERSION_3)

@@ -38,8 +38,9 @@ from .set_folder_moves import (
 from .set_folders import check_step, library_name
 from .set_keys import as_key
 from .set_manifest_v2 import build_manifest_v2
+from .set_manifest_v3 import build_manifest_v3
 
-__all__ = ["SetWriter", "remove_set", "clean_leftovers", "is_retired"]
+__all__ = ["SetWriter", "remove_set", "remove_set_folder", "clean_leftovers", "is_retired"]
 
 #: A set that an overwrite moved aside where no exchange exists is named
 #: ``.<set name>.tlckpt-<8 random>.old`` until the new set is in place: a cleaner finding
@@ -217,6 +218,22 @@ class SetWriter:
         )
         return self._commit_manifest(data)
 
+    def commit_state_tree(self, tensors: Sequence[tuple[str, Sequence[int]]]) -> Path:
+        """:meth:`commit` with a version-3 manifest (a set of one state tree,
+        :mod:`.set_manifest_v3`): members ``state`` and ``training_state``.
+
+        Args:
+            tensors: the tree member's tensors ``(name, shape)``, in file order.
+
+        Raises:
+            As :meth:`commit`.
+        """
+        records = self.records()
+        tree = records["state"]
+        records["state"] = replace(tree, tensors=tuple((n, tuple(s)) for n, s in tensors), tied={})
+        data = build_manifest_v3(self.step, library_name(), records, 1, self.key)
+        return self._commit_manifest(data)
+
     def _commit_manifest(self, data: bytes) -> Path:
         """Write the manifest's bytes, then the rename (see :meth:`commit`)."""
         with self._file(MANIFEST_FILE) as f:
@@ -319,11 +336,26 @@ def remove_set(directory: str | os.PathLike, step: int, *, durable: bool = True)
         FileNotFoundError: there is no such set.
         OSError: from the file system.
     """
-    directory = os.path.abspath(os.fspath(directory))
-    retired = _retire(directory, os.path.join(directory, folder_name(check_step(step))))
+    directory = os.fspath(directory)
+    remove_set_folder(os.path.join(directory, folder_name(check_step(step))), durable=durable)
+
+
+def remove_set_folder(path: str | os.PathLike, *, durable: bool = True) -> None:
+    """Remove the set folder at ``path`` (any name): renamed away first, atomically, to a
+    leftover's name, then deleted — a removal killed midway leaves a leftover that the next
+    save cleans, never a damaged committed set. A symbolic link at ``path`` is removed as a
+    link (what it points to is never touched).
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        OSError: from the file system.
+    """
+    final = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(final)
+    retired = _retire(directory, final)
     if durable:
         fsync_folder(directory)
-    remove_tree(retired)
+    remove_tree(retired)  # a link itself, never what it points to
 
 
 def is_retired(name: str) -> bool:

@@ -124,7 +124,8 @@ class Manifest:
     state: tuple[tuple[str, tuple[int, ...]], ...]
     world_size: int
     key_id: str | None = None
-    #: The manifest's version (1, or 2: :data:`~tlckpt.formats.checkpoint_set.SET_VERSION_2`).
+    #: The manifest's version (1, 2: :data:`~tlckpt.formats.checkpoint_set.SET_VERSION_2`, or
+    #: 3: a set of one state tree, :data:`~tlckpt.formats.checkpoint_set.SET_VERSION_3`).
     version: int = 1
     #: Version 2: role → ``(kind, keys)`` (or ``None`` for a role not given); version 1:
     #: ``None`` (one model, at most one optimizer and scheduler, each given as one object).
@@ -156,8 +157,8 @@ class TrainingState:
 # --------------------------------------------------------------------------- reading
 
 #: The readers of later manifest versions, by version: each registers itself here
-#: (:mod:`.set_manifest_v2`; imported with the codec), since it builds on this module's
-#: field checks and this module cannot import it back.
+#: (:mod:`.set_manifest_v2`, :mod:`.set_manifest_v3`; imported with the codec), since it
+#: builds on this module's field checks and this module cannot import it back.
 MANIFEST_READERS: dict[int, Callable[..., Manifest]] = {}
 
 

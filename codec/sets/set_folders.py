@@ -21,7 +21,10 @@ from ...formats.checkpoint_set import (
 )
 from ..errors import CheckpointError, FileTooLargeError, IntegrityError
 from ..fileio.source import file_kind, open_regular
-from . import set_manifest_v2  # noqa: F401  (registers the version-2 manifest reader)
+from . import (
+    set_manifest_v2,  # noqa: F401  (registers the version-2 manifest reader)
+    set_manifest_v3,  # noqa: F401  (registers the version-3 manifest reader)
+)
 from .set_documents import Manifest, parse_manifest
 from .set_keys import SetKey
 

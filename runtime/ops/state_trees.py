@@ -30,10 +30,11 @@ from ...codec.exact_json.json_document import parse_embedded_json
 from ...codec.fileio.source import PathOrFile, open_source
 from ...codec.safetensors import write_safetensors
 from ...codec.safetensors.reader import read_header
+from ...codec.safetensors.writer import TensorData
 from ...codec.sets.exact_values import TensorScalar, decode_value, encode_value, json_path
 from .tensor_files import read_entry, tensor_data
 
-__all__ = ["STATE_KEY", "STATE_VERSION", "save_state", "load_state"]
+__all__ = ["STATE_KEY", "STATE_VERSION", "encode_state", "save_state", "load_state"]
 
 #: The ``__metadata__`` entry holding the tree.
 STATE_KEY = "tlckpt.state"
@@ -134,13 +135,31 @@ def save_state(tree: Any, path: PathOrFile) -> None:
     Example:
         >>> save_state({"model": model.state_dict(), "step": 10}, "c.safetensors")  # doctest: +SKIP
     """
+    items, metadata = encode_state(tree)
+    write_safetensors(path, items, metadata=metadata)
+
+
+def encode_state(tree: Any) -> tuple[dict[str, TensorData], dict[str, str]]:
+    """A state tree as the safetensors writer takes it: its tensors (named after their place,
+    each once, bytes made when written) and the ``__metadata__`` holding the tree. Nothing is
+    written: what :func:`save_state` refuses is refused here.
+
+    Args:
+        tree: as :func:`save_state`.
+
+    Returns:
+        ``(tensors, metadata)`` for :func:`~tlckpt.codec.safetensors.write_safetensors`.
+
+    Raises:
+        CheckpointError: as :func:`save_state`, naming the value's path in the tree.
+    """
     collected = _Collected()
     skeleton = _map_tree(tree, (), collected)
     encoded = encode_value(skeleton, ())
     document = {"version": STATE_VERSION, "tensors": collected.names, "tree": encoded}
     metadata = {STATE_KEY: orjson.dumps(document).decode()}
     items = {name: tensor_data(t, name) for name, t in zip(collected.names, collected.tensors)}
-    write_safetensors(path, items, metadata=metadata)
+    return items, metadata
 
 
 def _document(text: str) -> tuple[list[str], Any]:

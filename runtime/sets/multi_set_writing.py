@@ -159,7 +159,7 @@ def set_source(
         random_counter,
         _scheduler_state(schedulers),
         groups if optimizers.kind is not None else None,
-        training_state._rng_states(),
+        training_state.current_rng_states(),
         extra,
     )
     return StructuredSource(

@@ -19,6 +19,7 @@ from ...codec.sets.checkpoint_set import VerifiedSet, newest_usable
 from ...codec.sets.set_documents import parse_manifest, parse_training_state
 from ...codec.sets.set_folders import set_path
 from ...codec.sets.set_keys import as_key
+from ...codec.sets.set_manifest_v3 import is_state_tree_set
 from ...formats.checkpoint_set import (
     MAX_MANIFEST_BYTES,
     MAX_TRAINING_STATE_BYTES,
@@ -109,6 +110,16 @@ def restore_set(
             if fallback:
                 raise _Unverified() from exc
             raise
+
+        if is_state_tree_set(verified.manifest):
+            raise CheckpointError(
+                "the set is of one state tree (a framework's whole checkpoint, manifest"
+                " version 3), not of a model: load it with the framework's plug-in"
+                " (tlckpt.integrations.lightning.TlckptCheckpointIO)",
+                path=folder,
+                field="version",
+                actual=verified.manifest.version,
+            )
 
         def digests_verified() -> None:
             try:

@@ -37,7 +37,7 @@ from ..commit.rollback import Rollback
 from . import rng_states
 from .param_group_values import member_values, restored_values
 
-__all__ = ["capture", "prepare", "Application", "load_schedulers"]
+__all__ = ["capture", "current_rng_states", "prepare", "Application", "load_schedulers"]
 
 
 def load_schedulers(
@@ -123,7 +123,10 @@ def _cuda_states() -> list[bytes]:
     return [torch.cuda.get_rng_state(i).numpy().tobytes() for i in range(torch.cuda.device_count())]
 
 
-def _rng_states() -> dict[str, Any]:
+def current_rng_states() -> dict[str, Any]:
+    """The global random states now — torch's CPU generator, each initialised CUDA device's,
+    numpy's legacy global generator, Python's ``random`` — as the training-state document
+    holds them (``rng``)."""
     return {
         "torch": torch.get_rng_state().numpy().tobytes(),
         "cuda": _cuda_states(),
@@ -150,7 +153,9 @@ def capture(
     if scheduler is not None:
         scheduler_state = scheduler.state_dict()
     groups = None if optimizer is None else _param_groups(optimizer)
-    return build_training_state(step, random_counter, scheduler_state, groups, _rng_states(), extra)
+    return build_training_state(
+        step, random_counter, scheduler_state, groups, current_rng_states(), extra
+    )
 
 
 # --------------------------------------------------------------------------- restore
