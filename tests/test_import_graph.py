@@ -226,6 +226,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": (_RUNTIME - _CODEC - {"runtime"}) | _TOP,
     "tlckpt": {"codec", "runtime"} | _TOP,
     "cli": _RUNTIME | _TOP,
+    # Framework plug-ins (Lightning, the Hugging Face Trainer): users of the library, like cli.
+    "integrations": _RUNTIME | _TOP,
     "__main__": {"cli"},
     "setup": set(),  # the build script, beside the package's files
     "testing": _RUNTIME | _TOP,
