@@ -26,7 +26,12 @@ import torch
 pytest.importorskip("accelerate")  # the Trainer's own requirement
 transformers = pytest.importorskip("transformers")
 
-from tlckpt import IntegrityError, SkippedCheckpointWarning, verify_checkpoint  # noqa: E402
+from tlckpt import (  # noqa: E402
+    IntegrityError,
+    SkippedCheckpointWarning,
+    load_checkpoint,
+    verify_checkpoint,
+)
 from tlckpt.integrations.transformers import (  # noqa: E402
     TlckptTrainer,
     latest_verified_checkpoint,
@@ -60,7 +65,9 @@ class StopAt(transformers.TrainerCallback):
         return control
 
 
-def make_trainer(output_dir: Path, stop_at: int | None = None, **arguments: Any) -> Any:
+def make_trainer(
+    output_dir: Path, stop_at: int | None = None, eval_dataset: Any = None, **arguments: Any
+) -> Any:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
     model = transformers.GPT2LMHeadModel(config)  # dropout 0.1 (GPT-2's default)
@@ -79,7 +86,9 @@ def make_trainer(output_dir: Path, stop_at: int | None = None, **arguments: Any)
         disable_tqdm=True,
         **arguments,
     )
-    trainer = TlckptTrainer(model=model, args=args, train_dataset=TinyData())
+    trainer = TlckptTrainer(
+        model=model, args=args, train_dataset=TinyData(), eval_dataset=eval_dataset
+    )
     if stop_at is not None:
         trainer.add_callback(StopAt(stop_at))
     return trainer
@@ -226,6 +235,30 @@ def test_an_explicit_damaged_set_is_refused(runs: dict[str, Any], tmp_path: Path
 def test_save_total_limit_keeps_one_set(runs: dict[str, Any]) -> None:
     # The resumed run (save_total_limit=1) removed set 4 once set 8 was committed.
     assert sorted(p.name for p in (runs["root"] / "b").iterdir()) == ["checkpoint-8"]
+
+
+def test_the_best_set_is_kept_and_loaded_at_the_end(tmp_path: Path) -> None:
+    # The highest evaluation loss is "best" here: step 4's set, which save_total_limit=1 must
+    # keep beside the newest at step 8, and which load_best_model_at_end loads (verified) at
+    # the end; then the Trainer itself removes the newest (its rule for a limit of 1).
+    trainer = make_trainer(
+        tmp_path / "out",
+        save_total_limit=1,
+        eval_strategy="steps",
+        eval_steps=EVERY,
+        load_best_model_at_end=True,
+        metric_for_best_model="loss",
+        greater_is_better=True,
+        eval_dataset=TinyData(),
+    )
+    trainer.train()
+    best = tmp_path / "out" / "checkpoint-4"
+    assert trainer.state.best_model_checkpoint == str(best)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-4"]
+    expected = transformers.GPT2LMHeadModel(trainer.model.config)
+    load_checkpoint(best, model=expected)
+    for name, value in expected.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], value), name
 
 
 def test_the_module_imports_without_transformers() -> None:
