@@ -240,7 +240,9 @@ def prepare_resume(trainer: Any, resume: Any) -> _Resume:
             RuntimeWarning,
             stacklevel=3,
         )
-    if args.should_save and write_trainer_state(point.path, point.trainer_state):
+    # Every rank makes sure of the file it is about to read (atomic replacements of the same
+    # text: ranks sharing the folder cannot see it half-written, nor wait on each other).
+    if write_trainer_state(point.path, point.trainer_state):
         warnings.warn(
             f"{point.path}: trainer_state.json was missing or differed from the set's"
             " (verified) copy; it was rewritten from the set",
