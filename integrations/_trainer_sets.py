@@ -138,8 +138,9 @@ def resume_point(path: str | os.PathLike, *, key: bytes | None = None) -> Resume
     Trainer needs of its ``extra``.
 
     Raises:
-        CheckpointError: the set does not verify (the member and check named), or its
-            ``extra`` is not the Trainer's (:data:`EXTRA_FORMAT`).
+        CheckpointError: the set does not verify (the member and check named), its
+            ``extra`` is not the Trainer's (:data:`EXTRA_FORMAT`), or its step is not the one
+            its ``checkpoint-<step>`` folder or its Trainer state names.
         OSError: from the file system.
     """
     path = os.fspath(path)
@@ -154,13 +155,29 @@ def resume_point(path: str | os.PathLike, *, key: bytes | None = None) -> Resume
             path=path,
             field="extra.format",
         )
+    trainer_state = _field(extra, "trainer_state", dict, "extra")
+    # The folder's name orders the checkpoints, and the Trainer's state says where to go on
+    # from: both must be the set's own step (a set copied or renamed to another is refused).
+    match = _FOLDER.fullmatch(os.path.basename(os.path.abspath(path)))
+    for what, step in (
+        ("the folder's name", None if match is None else int(match.group(1))),
+        ("the Trainer state's global_step", trainer_state.get("global_step")),
+    ):
+        if step is not None and step != state.step:
+            raise CheckpointError(
+                f"{path}: {what} says step {step}, the set is of step {state.step}",
+                path=path,
+                field="step",
+                actual=step,
+                expected=state.step,
+            )
     scaler = extra.get("scaler")
     if scaler is not None and not isinstance(scaler, dict):
         raise MalformedError("extra.scaler must be a mapping or null", field="extra.scaler")
     return ResumePoint(
         path=path,
         step=state.step,
-        trainer_state=_field(extra, "trainer_state", dict, "extra"),
+        trainer_state=trainer_state,
         random_states=_field(extra, "rng", list, "extra"),
         scaler=scaler,
         has_optimizer="optimizer" in manifest.members,

@@ -220,6 +220,24 @@ def test_a_damaged_newest_set_is_passed_over_with_a_warning(
     verify_checkpoint(output / "checkpoint-8")
 
 
+def test_renamed_sets_and_stock_checkpoints_are_passed_over(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    output = tmp_path / "run"
+    shutil.copytree(runs["root"] / "a", output)
+    (output / "checkpoint-4").rename(output / "checkpoint-12")  # a set of step 4
+    stock = output / "checkpoint-16"  # what the stock Trainer writes: no set
+    stock.mkdir()
+    (stock / "trainer_state.json").write_text('{"global_step": 16}')
+    trainer = make_trainer(output)
+    with pytest.warns(SkippedCheckpointWarning) as caught:
+        trainer.train(resume_from_checkpoint=True)
+    messages = [str(w.message) for w in caught]
+    assert any("checkpoint-16" in m and "manifest" in m for m in messages), messages
+    assert any("checkpoint-12" in m and "step 12" in m for m in messages), messages
+    assert_same_training_state(runs["straight"], trainer)  # resumed from checkpoint-8
+
+
 def test_an_explicit_damaged_set_is_refused(runs: dict[str, Any], tmp_path: Path) -> None:
     folder = tmp_path / "checkpoint-4"
     shutil.copytree(runs["root"] / "a" / "checkpoint-4", folder)
