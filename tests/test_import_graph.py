@@ -226,11 +226,11 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": (_RUNTIME - _CODEC - {"runtime"}) | _TOP,
     "tlckpt": {"codec", "runtime"} | _TOP,
     "cli": _RUNTIME | _TOP,
+    # Framework plug-ins (Lightning, the Hugging Face Trainer): users of the library, like cli.
+    "integrations": _RUNTIME | _TOP,
     "__main__": {"cli"},
     "setup": set(),  # the build script, beside the package's files
     "testing": _RUNTIME | _TOP,
-    # Framework plug-ins (Lightning): they save and load through the runtime's sets.
-    "integrations": _RUNTIME | _TOP,
     # Development-only trees (not in the wheel): they may use anything of the library.
     "fuzz": _RUNTIME | _TOP | {"tlckpt", "testing"},
     "bench": _RUNTIME | _TOP | {"tlckpt", "testing"},
