@@ -222,8 +222,7 @@ ALLOWED: dict[str, set[str]] = {
     | {"codec.model_state", "codec.optimizers", "codec.safetensors"},
     # Hugging Face folders export a set's model member or a model file, so they read sets
     # and the model-state families, and write the safetensors layout.
-    "codec.hf_folders": _CODEC_FAMILIES
-    | {"codec.model_state", "codec.safetensors", "codec.sets"},
+    "codec.hf_folders": _CODEC_FAMILIES | {"codec.model_state", "codec.safetensors", "codec.sets"},
     "codec": _CODEC - {"codec"},
     "runtime.binding": _CODEC,
     "runtime.commit": _CODEC,

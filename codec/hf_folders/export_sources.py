@@ -223,8 +223,9 @@ def _open_file(path: Path, names: Sequence[str] | None) -> Iterator[ExportSource
             " model's state_dict() keys, in order), or export the set it belongs to",
             field="names",
         )
-    yield ExportSource(list(names), None, _positional_tensors(path, family, names, where),
-                       lambda: None, where)
+    yield ExportSource(
+        list(names), None, _positional_tensors(path, family, names, where), lambda: None, where
+    )
 
 
 @contextlib.contextmanager
@@ -254,9 +255,7 @@ def open_export_source(
         if not (path / MANIFEST_FILE).exists():
             step = latest_verified(path, key=key)
             if step is None:
-                raise CheckpointError(
-                    f"{path} holds no checkpoint set that verifies", path=path
-                )
+                raise CheckpointError(f"{path} holds no checkpoint set that verifies", path=path)
             path = set_path(path, step)
         with _open_set(path, model, key) as opened:
             yield opened

@@ -66,8 +66,7 @@ def confined(folder: Path, name: Any, index: Path) -> Path:
     if PurePosixPath(name).is_absolute() or ".." in parts or (parts and ":" in parts[0]):
         raise _malformed(
             index,
-            f"weight_map names {name!r}, outside the folder (absolute paths and '..' are"
-            " refused)",
+            f"weight_map names {name!r}, outside the folder (absolute paths and '..' are refused)",
             field="weight_map",
             actual=name,
         )
@@ -149,9 +148,7 @@ def read_hf_folder(folder: str | os.PathLike) -> HFFolder:
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise IntegrityError(
-            f"{str(folder)!r} is not a folder", check="present", path=folder
-        )
+        raise IntegrityError(f"{str(folder)!r} is not a folder", check="present", path=folder)
     index = folder / INDEX_FILE
     if not os.path.lexists(index):
         single = folder / SINGLE_FILE
@@ -165,8 +162,8 @@ def read_hf_folder(folder: str | os.PathLike) -> HFFolder:
     document = _read_index(index)
     weight_map: dict[str, str] = document["weight_map"]
     files: dict[str, Path] = {}
-    for tensor, name in weight_map.items():
-        if name not in files:
+    for name in weight_map.values():
+        if type(name) is not str or name not in files:  # a list is refused, not hashed
             files[name] = confined(folder, name, index)
     if not files:
         raise _malformed(index, "the index's weight_map names no tensor", field="weight_map")

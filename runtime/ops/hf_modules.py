@@ -29,7 +29,7 @@ from ..commit.plans import StatePlan
 from .state_tensors import NamedTensors, state_tensors, tied_copies
 from .tensor_files import empty_for, torch_dtype, torch_shape
 
-__all__ = ["hf_state", "plan_hf_load"]
+__all__ = ["hf_state", "plan_hf_load", "hf_folder_tensors"]
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -110,9 +110,7 @@ def hf_state(
     return kept, removals, items
 
 
-def _sources(
-    named: NamedTensors, names: set[str], aliases: Mapping[str, str]
-) -> dict[str, str]:
+def _sources(named: NamedTensors, names: set[str], aliases: Mapping[str, str]) -> dict[str, str]:
     sources: dict[str, str] = {}
     for name, _ in named:
         if name in names:
@@ -255,3 +253,42 @@ def plan_hf_load(
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
+
+
+def hf_folder_tensors(folder: HFFolder) -> dict[str, torch.Tensor]:
+    """Every tensor of ``folder``, read exactly into fresh CPU tensors, in the index's order
+    (a single file's: its header's); each name dropped for a tie (the metadata's ``dropped
+    → kept``) is the very tensor of the name it was dropped for.
+
+    Raises:
+        SchemaMismatchError: a tensor the index places in a file that lacks it.
+        CheckpointError: a shard that is not a valid safetensors file.
+    """
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = dict(folder.metadata)
+    by_file: dict[str, list[str]] = {}
+    for name, file in (folder.weight_map or {}).items():
+        by_file.setdefault(file, []).append(name)
+    for file, path in folder.files.items():
+        with SafetensorsReader(path) as reader:
+            if folder.weight_map is None:
+                names = list(reader.header.entries)
+                aliases = dict(reader.header.metadata or {})
+            else:
+                names = by_file[file]
+            for name in names:
+                try:
+                    entry = reader.entry(name)
+                except CheckpointError:
+                    raise SchemaMismatchError(
+                        f"the index puts {name!r} in {file!r}, which does not hold it",
+                        path=path,
+                        field=name,
+                    ) from None
+                tensor = empty_for(entry)
+                reader.read_into(name, tensor.reshape(-1).view(torch.uint8).numpy())
+                out[name] = tensor
+    for dropped, kept in aliases.items():
+        if dropped not in out and kept in out:
+            out[dropped] = out[kept]
+    return out
