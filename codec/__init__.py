@@ -4,9 +4,9 @@ Errors are re-exported here and from :mod:`tlckpt`. This file is the codec's fac
 below it (``docs/architecture.md``), from the bottom up: :mod:`.fileio` (sources, atomic
 writes, transfers), :mod:`.values` (configs, schemas, destinations), :mod:`.spec` (the
 engine that turns a spec into a reader and a writer), :mod:`.exact_json` (the exact-bits
-JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`) and checkpoint sets
-(:mod:`.sets`), Hugging Face folders (:mod:`.hf_folders`). Face modules beside them: :mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a
-file's family from its first bytes), :mod:`.families` (the registry), :mod:`.registrations`
+JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`), checkpoint sets
+(:mod:`.sets`) and Hugging Face folders (:mod:`.hf_folders`). Face modules beside them:
+:mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a file's family from its first bytes), :mod:`.families` (the registry), :mod:`.registrations`
 (the built-in families), :mod:`.inspection`.
 """
 
