@@ -6,8 +6,9 @@ writes, transfers), :mod:`.values` (configs, schemas, destinations), :mod:`.spec
 engine that turns a spec into a reader and a writer), :mod:`.exact_json` (the exact-bits
 JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`), checkpoint sets
 (:mod:`.sets`) and Hugging Face folders (:mod:`.hf_folders`). Face modules beside them:
-:mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a file's family from its first bytes), :mod:`.families` (the registry), :mod:`.registrations`
-(the built-in families), :mod:`.inspection`.
+:mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a file's family from its first bytes),
+:mod:`.families` (the registry), :mod:`.registrations` (the built-in families),
+:mod:`.inspection`.
 """
 
 from ..formats.adam import AdamKind
