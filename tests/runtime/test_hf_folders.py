@@ -265,3 +265,28 @@ def test_an_interrupted_export_leaves_no_index(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == sorted([*os.listdir(theirs), "config.json"])
     os.remove(out / "config.json")
     assert_same_folder(out, theirs)
+
+
+@pytest.mark.parametrize("suffix", [".tlsf32", ".json"])
+def test_positional_files_export_with_names(tmp_path, suffix):
+    model = gpt2(14, torch.float32 if suffix == ".tlsf32" else torch.bfloat16)
+    theirs = reference(model, tmp_path / "hub")
+    path = tmp_path / f"m{suffix}"
+    save_module_state(model, path)
+    with pytest.raises(CheckpointError, match="give names="):
+        export_hf(path, tmp_path / "nameless")
+    names = list(model.state_dict())
+    tied = {"lm_head.weight": "transformer.wte.weight"}
+    export_hf(path, tmp_path / "ours", max_shard_size=SHARD, names=names, tied=tied)
+    assert_same_folder(tmp_path / "ours", theirs)
+
+
+def test_options_that_do_not_fit_the_source(tmp_path):
+    model = gpt2(15)
+    with pytest.raises(CheckpointError, match="for sets and files"):
+        export_hf(model, tmp_path / "a", tied={})
+    with pytest.raises(CheckpointError, match="max_shard_size"):
+        export_hf(model, tmp_path / "b", max_shard_size="5GiB")
+    with pytest.raises(CheckpointError, match="holds no checkpoint set"):
+        export_hf(tmp_path, tmp_path / "c")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
