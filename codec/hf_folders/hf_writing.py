@@ -59,8 +59,9 @@ def write_hf_folder(
             bytes may be produced later still, when its turn in the file comes).
         removals: dropped tied name → kept name (the metadata of a single file, or of the
             index).
-        before_commit: called once every shard is written, before the index or the single
-            file's commit is final (a source's last check that it did not change).
+        before_commit: called once every tensor is written, before the commit: before the
+            index is written, or before a single file is renamed into place (a source's
+            last check that it did not change).
         on_shard: called with each file name before it is written (progress).
 
     Returns:
@@ -83,9 +84,13 @@ def write_hf_folder(
         if not plan.sharded:
             metadata.update(removals)
         path = folder / file
-        write_safetensors(path, {name: tensor(name) for name in names}, metadata=metadata)
+        items = {name: tensor(name) for name in names}
+        with output(path) as f:  # renamed into place when the block ends without an error
+            write_safetensors(f, items, metadata=metadata)
+            if before_commit is not None and not plan.sharded:
+                before_commit()  # a single file is the commit: checked before its rename
         written.append(path)
-    if before_commit is not None:
+    if before_commit is not None and plan.sharded:
         before_commit()
     if plan.sharded:
         _remove(folder / SINGLE_FILE)

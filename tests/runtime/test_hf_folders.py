@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 hub = pytest.importorskip("huggingface_hub")
 transformers = pytest.importorskip("transformers")
 
+import tlckpt  # noqa: E402
 from tlckpt import (  # noqa: E402
     CheckpointError,
     CheckpointManager,
@@ -290,3 +291,21 @@ def test_options_that_do_not_fit_the_source(tmp_path):
     with pytest.raises(CheckpointError, match="holds no checkpoint set"):
         export_hf(tmp_path, tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_damaged_set_is_not_exported(tmp_path):
+    old, new = gpt2(16, torch.bfloat16), gpt2(17, torch.bfloat16)
+    manager = CheckpointManager(tmp_path / "ckpt")
+    manager.save(1, model=old)
+    manager.save(2, model=new)
+    newest = sorted((tmp_path / "ckpt").iterdir())[-1]
+    member = newest / "model.safetensors"
+    data = bytearray(member.read_bytes())
+    data[-1] ^= 1
+    member.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="digest"):
+        export_hf(newest, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.warns(tlckpt.SkippedCheckpointWarning):
+        export_hf(tmp_path / "ckpt", tmp_path / "out", max_shard_size=SHARD)
+    assert_same_folder(tmp_path / "out", reference(old, tmp_path / "hub"))
