@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from cli_support import one_line_rejection, run, run_ok
@@ -85,3 +87,33 @@ def test_export_hf_usage(capsys, tmp_path):
     )
     assert code == 1
     one_line_rejection(err)
+
+
+_WITHOUT_TORCH = """
+import runpy, sys
+sys.modules["torch"] = None
+sys.argv = ["tlckpt", *{args!r}]
+runpy.run_module("tlckpt", run_name="__main__", alter_sys=True)
+"""
+
+
+def _without_torch(*args: object) -> subprocess.CompletedProcess:
+    code = _WITHOUT_TORCH.format(args=[str(a) for a in args])
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_export_hf_needs_no_torch(tmp_path):
+    m = model()
+    tlckpt.CheckpointManager(tmp_path / "ckpt").save(1, model=m)
+    theirs = tmp_path / "hub"
+    theirs.mkdir()
+    hub.save_torch_state_dict(m.state_dict(), theirs, max_shard_size=1000)
+    out = _without_torch(
+        "export-hf", tmp_path / "ckpt", tmp_path / "ours", "--max-shard-size", "1KB"
+    )
+    assert out.returncode == 0, out.stderr
+    for name in os.listdir(theirs):
+        assert (tmp_path / "ours" / name).read_bytes() == (theirs / name).read_bytes()
+    out = _without_torch("import-hf", theirs, tmp_path / "m.safetensors")
+    assert out.returncode == 1 and "torch" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
