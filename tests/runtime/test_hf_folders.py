@@ -309,3 +309,25 @@ def test_a_damaged_set_is_not_exported(tmp_path):
     with pytest.warns(tlckpt.SkippedCheckpointWarning):
         export_hf(tmp_path / "ckpt", tmp_path / "out", max_shard_size=SHARD)
     assert_same_folder(tmp_path / "out", reference(old, tmp_path / "hub"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_modules_export_and_load(tmp_path):
+    model = gpt2(18, torch.bfloat16)
+    theirs = reference(model, tmp_path / "hub")
+    export_hf(model.cuda(), tmp_path / "ours", max_shard_size=SHARD)
+    assert_same_folder(tmp_path / "ours", theirs)
+    target = gpt2(19, torch.bfloat16).cuda()
+    load_hf(target, theirs)
+    assert state_bits(target.cpu()) == state_bits(model.cpu())
+
+
+def test_an_export_replaces_an_earlier_one_of_the_other_kind(tmp_path):
+    model = gpt2(20)
+    out = tmp_path / "out"
+    export_hf(model, out)  # one file
+    export_hf(model, out, max_shard_size=SHARD)  # shards: the single file goes
+    assert_same_folder(out, reference(model, tmp_path / "sharded"))
+    export_hf(model, out)  # one file again: the index and the shards go
+    assert_same_folder(out, reference(model, tmp_path / "single", "5GB"), exact_single=False)
