@@ -206,10 +206,16 @@ def _open_file(path: Path, names: Sequence[str] | None) -> Iterator[ExportSource
                 for k, v in (reader.header.metadata or {}).items()
                 if k not in entries and v in entries
             }
-            order = list(entries)
+            dropped: dict[str, list[str]] = {}
+            for k, v in aliases.items():
+                dropped.setdefault(v, []).append(k)
+            order: list[str] = []
+            for name in entries:  # each dropped name right after the name it is tied to
+                order.append(name)
+                order.extend(dropped.get(name, ()))
             yield ExportSource(
-                order + [k for k in aliases],
-                tie_groups(order + list(aliases), aliases),
+                order,
+                tie_groups(order, aliases),
                 _safetensors_tensors(reader, aliases),
                 lambda: None,
                 where,
