@@ -75,7 +75,7 @@ def confined(folder: Path, name: Any, index: Path) -> Path:
     if not real.is_relative_to(Path(os.path.realpath(folder))):
         raise _malformed(
             index,
-            f"weight_map names {name!r}, a link to {str(real)!r} outside the folder",
+            f"{name!r} is a link to {str(real)!r}, outside the folder",
             field="weight_map",
             actual=name,
         )
@@ -85,7 +85,7 @@ def confined(folder: Path, name: Any, index: Path) -> Path:
         mode = None
     if mode is None or not stat.S_ISREG(mode):
         raise IntegrityError(
-            f"shard {name!r} named by the index is {'missing' if mode is None else 'not a file'}",
+            f"{name!r} is {'missing' if mode is None else 'not a file'}",
             check="present",
             path=path,
             field="weight_map",
@@ -159,7 +159,7 @@ def read_hf_folder(folder: str | os.PathLike) -> HFFolder:
                 path=folder,
             )
         return HFFolder(folder, {SINGLE_FILE: confined(folder, SINGLE_FILE, single)})
-    document = _read_index(index)
+    document = _read_index(confined(folder, INDEX_FILE, index))
     weight_map: dict[str, str] = document["weight_map"]
     files: dict[str, Path] = {}
     for name in weight_map.values():

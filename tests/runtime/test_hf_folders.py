@@ -331,3 +331,12 @@ def test_an_export_replaces_an_earlier_one_of_the_other_kind(tmp_path):
     assert_same_folder(out, reference(model, tmp_path / "sharded"))
     export_hf(model, out)  # one file again: the index and the shards go
     assert_same_folder(out, reference(model, tmp_path / "single", "5GB"), exact_single=False)
+
+
+@pytest.mark.parametrize("size", [SHARD, "5GB"])
+def test_load_hf_of_save_pretrained(tmp_path, size):
+    model = gpt2(21, torch.bfloat16)
+    model.save_pretrained(tmp_path / "pretrained", max_shard_size=size)
+    target = gpt2(22, torch.bfloat16)
+    assert load_hf(target, tmp_path / "pretrained") == ([], [])
+    assert state_bits(target) == state_bits(model)

@@ -118,3 +118,10 @@ def test_an_index_too_large(folder, monkeypatch):
     monkeypatch.setattr(hf_index, "MAX_INDEX_BYTES", 10)
     with pytest.raises(FileTooLargeError):
         read_hf_folder(folder)
+
+
+def test_an_index_linked_from_outside_is_refused(folder, tmp_path):
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
+    os.symlink(tmp_path / "elsewhere.json", folder / INDEX)
+    with pytest.raises(MalformedError, match="a link to"):
+        read_hf_folder(folder)
