@@ -6,8 +6,9 @@ how tensors are cut into shards, the file names, the index's bytes), :mod:`.hf_i
 (reading a folder's index within bounds, every shard path confined to the folder),
 :mod:`.hf_writing` (writing a folder: shards first, the index last, stale files after),
 :mod:`.export_sources` (a checkpoint set's model member or a model file as tensors to export,
-one at a time, with the ties the set records) and :mod:`.hf_export` (the export itself). May
-import :mod:`tlckpt.formats`, the shared codec modules, :mod:`..safetensors`,
+one at a time, with the ties the set records) and :mod:`.hf_export` (the export itself).
+
+May import :mod:`tlckpt.formats`, the shared codec modules, :mod:`..safetensors`,
 :mod:`..model_state` and :mod:`..sets`; never torch, never ``huggingface_hub`` or
 ``safetensors``.
 """
