@@ -30,4 +30,6 @@ RUNTIME_NAMES = (
     "load_state",
     "open_checkpoint",
     "CheckpointFile",
+    "export_hf",
+    "load_hf",
 )

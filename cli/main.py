@@ -9,6 +9,8 @@ Commands (no command at all runs ``demo``)::
     tlckpt demo [--codec] [--keep DIR]
     tlckpt ls DIR [--key-file FILE]
     tlckpt verify PATH [--key-file FILE]
+    tlckpt export-hf SRC OUT [--max-shard-size SIZE] [--model KEY] [--key-file FILE]
+    tlckpt import-hf HF_DIR OUT
 
 Exit status: 0 success; 1 the file was rejected or the command failed (one line on stderr
 naming the error class, the file, the byte offset or field, and the file vs expected values —
@@ -31,6 +33,7 @@ from ..optional import MissingDependencyError, require
 from .convert import EXTENSIONS, FORMATS, POSITIONAL, convert, format_of_path
 from .describe import describe, summarize
 from .file_formats import POSITIONAL_FAMILIES
+from .hugging_face import export_hf_folder, import_hf_folder
 from .printable import printable
 from .set_description import describe_set, set_description
 from .sets import list_sets, verify_set
@@ -337,7 +340,68 @@ def build_parser() -> argparse.ArgumentParser:
         [("path", "a checkpoint set folder")],
     )
     _key_file_option(p)
+
+    p = _command(
+        sub,
+        "export-hf",
+        _cmd_export_hf,
+        "write a set's model or a model file as a Hugging Face folder",
+        "Write model.safetensors, or model-0000i-of-0000N.safetensors shards and"
+        " model.safetensors.index.json, as huggingface_hub.save_torch_state_dict names, cuts"
+        " and indexes the same state (tied names dropped as it drops them), one tensor at a"
+        " time, the index last. Other files of OUT (config.json) are left alone.",
+        [
+            (
+                "src",
+                "a checkpoint set's folder, a CheckpointManager directory (its newest set"
+                " that verifies), or a .safetensors model file",
+            ),
+            ("out", "the Hugging Face folder (made if missing)"),
+        ],
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="the most bytes per shard: bytes, or a number with KB, MB, GB, TB (powers of"
+        " ten, as huggingface_hub reads them; default 5GB)",
+    )
+    p.add_argument("--model", metavar="KEY", help="the model of a set of several models")
+    _key_file_option(p)
+
+    _command(
+        sub,
+        "import-hf",
+        _cmd_import_hf,
+        "write a Hugging Face folder's tensors as one tlckpt model file, exactly",
+        "Read model.safetensors, or the shards model.safetensors.index.json names (each"
+        " confined to the folder), and write every tensor to OUT: .safetensors (tied tensors"
+        " once), .json (exact-bits JSON) or anything else as TLSF32B (float32 only).",
+        [("hf_dir", "the Hugging Face folder"), ("out", "the model file to write")],
+    )
     return parser
+
+
+def _cmd_export_hf(args: argparse.Namespace) -> int:
+    size: int | str = args.max_shard_size
+    if isinstance(size, str) and size.strip().isdigit():
+        size = int(size)
+    written = export_hf_folder(
+        args.src,
+        args.out,
+        max_shard_size=size,
+        model=args.model,
+        key=_key(args),
+        warn=lambda text: print(f"tlckpt export-hf: warning: {_one_line(text)}", file=sys.stderr),
+    )
+    print(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} to {args.out}")
+    return EXIT_OK
+
+
+def _cmd_import_hf(args: argparse.Namespace) -> int:
+    count = import_hf_folder(args.hf_dir, args.out)
+    print(f"wrote {count} tensors to {args.out}")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

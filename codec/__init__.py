@@ -4,10 +4,11 @@ Errors are re-exported here and from :mod:`tlckpt`. This file is the codec's fac
 below it (``docs/architecture.md``), from the bottom up: :mod:`.fileio` (sources, atomic
 writes, transfers), :mod:`.values` (configs, schemas, destinations), :mod:`.spec` (the
 engine that turns a spec into a reader and a writer), :mod:`.exact_json` (the exact-bits
-JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`) and checkpoint sets
-(:mod:`.sets`). Face modules beside them: :mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a
-file's family from its first bytes), :mod:`.families` (the registry), :mod:`.registrations`
-(the built-in families), :mod:`.inspection`.
+JSON codec), the families (:mod:`.model_state`, :mod:`.optimizers`), checkpoint sets
+(:mod:`.sets`) and Hugging Face folders (:mod:`.hf_folders`). Face modules beside them:
+:mod:`.errors`, :mod:`.paths`, :mod:`.sniffing` (a file's family from its first bytes),
+:mod:`.families` (the registry), :mod:`.registrations` (the built-in families),
+:mod:`.inspection`.
 """
 
 from ..formats.adam import AdamKind
@@ -29,6 +30,7 @@ from .errors import (
 )
 from .exact_json.json_document import DEFAULT_MAX_JSON_BYTES
 from .fileio.atomic import atomic_output, clean_temporaries, is_temporary
+from .hf_folders.hf_export import TiesUnknownWarning
 from .inspection import inspect, sniff_family
 from .model_state.float32_state import (
     is_float32_state,
@@ -80,6 +82,7 @@ __all__ = [
     "PayloadSink",
     "SchemaMismatchError",
     "SkippedCheckpointWarning",
+    "TiesUnknownWarning",
     "TrailingDataError",
     "TruncatedError",
     "UnsupportedFormatError",

@@ -8,6 +8,8 @@
 * :class:`CheckpointManager`, :func:`save_checkpoint` / :func:`load_checkpoint` — a whole
   training state (model, optimizer, scheduler, hyperparameters, random states) as one
   verified checkpoint set (:mod:`.sets`).
+* :func:`export_hf` / :func:`load_hf` — Hugging Face model folders (one safetensors file, or
+  shards and their index), as ``huggingface_hub`` writes them.
 
 Loads are all or nothing: the file is read and checked completely, and found unchanged,
 before anything live changes, and Ctrl-C is held back while live state is written. The one
@@ -37,6 +39,8 @@ from ..runtime_names import RUNTIME_NAMES
 require("torch", "tlckpt.runtime (torch models and optimizers)")
 
 from .binding.slots import schema_of as schema_of  # noqa: E402
+from .hugging_face import export_hf as export_hf  # noqa: E402
+from .hugging_face import load_hf as load_hf  # noqa: E402
 from .module_state import load_module_state as load_module_state  # noqa: E402
 from .module_state import load_state_bits as load_state_bits  # noqa: E402
 from .module_state import save_module_state as save_module_state  # noqa: E402

@@ -185,10 +185,16 @@ _CODEC = _CODEC_FAMILIES | {
     "codec.sets",
     "codec.safetensors",
     "codec.registrations",
+    "codec.hf_folders",
     "codec",
 }
 _RUNTIME_LOW = _CODEC | {"runtime.binding", "runtime.commit", "runtime.placement"}
-_RUNTIME_FACES = _RUNTIME_LOW | {"runtime.ops", "runtime.module_state", "runtime.optimizer"}
+_RUNTIME_FACES = _RUNTIME_LOW | {
+    "runtime.ops",
+    "runtime.module_state",
+    "runtime.optimizer",
+    "runtime.hugging_face",
+}
 _RUNTIME = _RUNTIME_FACES | {"runtime.sets", "runtime"}
 _TOP = {"optional", "runtime_names"}
 
@@ -214,6 +220,9 @@ ALLOWED: dict[str, set[str]] = {
     "codec.safetensors": _CODEC_FAMILIES,
     "codec.registrations": _CODEC_FAMILIES
     | {"codec.model_state", "codec.optimizers", "codec.safetensors"},
+    # Hugging Face folders export a set's model member or a model file, so they read sets
+    # and the model-state families, and write the safetensors layout.
+    "codec.hf_folders": _CODEC_FAMILIES | {"codec.model_state", "codec.safetensors", "codec.sets"},
     "codec": _CODEC - {"codec"},
     "runtime.binding": _CODEC,
     "runtime.commit": _CODEC,
@@ -221,6 +230,7 @@ ALLOWED: dict[str, set[str]] = {
     "runtime.ops": _RUNTIME_LOW,
     "runtime.module_state": _RUNTIME_LOW | {"runtime.ops"},
     "runtime.optimizer": _RUNTIME_LOW | {"runtime.ops"},
+    "runtime.hugging_face": _RUNTIME_LOW | {"runtime.ops"},
     # Sets save and restore through the operations, not through the public faces.
     "runtime.sets": _RUNTIME_LOW | {"runtime.ops"},
     "runtime": (_RUNTIME - _CODEC - {"runtime"}) | _TOP,
