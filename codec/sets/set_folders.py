@@ -108,7 +108,18 @@ def _read_bounded(path: str, limit: int, what: str) -> bytes:
                 actual=size,
                 expected=f"at most {limit} bytes",
             )
-        return f.read(limit + 1)
+        # Ask for what the file holds, never for the limit: a read of ``limit + 1`` bytes
+        # would allocate that much for a small file. A file that grows while it is read is
+        # read on in bounded chunks until its end or the limit (the caller refuses more).
+        chunks = [f.read(size + 1)]
+        total = len(chunks[0])
+        while total > size and total <= limit:
+            chunk = f.read(min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
 
 
 def read_manifest(
