@@ -92,10 +92,10 @@ class S3Upload:
     :meth:`abort` on failure (:func:`upload` does).
     """
 
-    def __init__(self, store: Store, key: str, first: int = FIRST_PART):
+    def __init__(self, store: Store, key: str, first: int | None = None):
         self.store = store
         self.bucket, _, self.name = store.path(key).partition("/")
-        self.first = first
+        self.first = FIRST_PART if first is None else first
         self.buffer = bytearray()
         self.index = 0  # parts handed over so far
         self.upload_id: str | None = None
