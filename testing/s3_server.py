@@ -96,7 +96,12 @@ def local_s3(bucket: str = "tlckpt-test", *, child_process: bool = False) -> Ite
             _wait_listening(port, 30)
             host = "127.0.0.1"
         else:
+            import logging
+
             from moto.server import ThreadedMotoServer
+
+            # One line per request otherwise, from werkzeug's logger.
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             server.start()
