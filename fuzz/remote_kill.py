@@ -71,9 +71,7 @@ def _digest(model: Any, opt: Any) -> str:
 def _manager(url: str, options: dict[str, Any]) -> Any:
     from tlckpt import CheckpointManager
 
-    return CheckpointManager(
-        url, keep_last=3, storage_options=options, lease_seconds=LEASE_SECONDS
-    )
+    return CheckpointManager(url, keep_last=3, storage_options=options, lease_seconds=LEASE_SECONDS)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -104,7 +102,7 @@ def _objects_ok(manager: Any, root: Any) -> list[str]:
     if root.uploads(""):
         problems.append(f"incomplete multipart uploads remain: {root.uploads('')}")
     committed = {f"step-{s:020d}" for s in manager.steps()}
-    for key in root.keys():
+    for key in root.object_keys():
         prefix, _, name = key.partition("/")
         if prefix not in committed:
             problems.append(f"orphan object {key}")

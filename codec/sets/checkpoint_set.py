@@ -51,6 +51,8 @@ from ..errors import CheckpointError, FileChangedError, IntegrityError, names_th
 from ..fileio.source import FileStamp, open_regular
 from ..inspection import inspect
 from ..sniffing import JSON_FAMILY
+from .remote_set_reading import staged_set
+from .remote_store import is_url
 
 # The parts of the protocol live in their own modules; this one verifies, and names them all.
 from .set_digests import (
@@ -65,8 +67,6 @@ from .set_folders import (
     read_manifest_bytes,
     set_path,
 )
-from .remote_set_reading import staged_set
-from .remote_store import is_url
 from .set_keys import as_key
 
 __all__ = [

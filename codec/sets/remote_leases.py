@@ -190,7 +190,7 @@ def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> li
             with contextlib.suppress(FileNotFoundError):  # ended meanwhile
                 root.abort(key, upload_id)
             done.append(f"{key}#{upload_id}")
-        keys = folder.keys()
+        keys = folder.object_keys()
         if MANIFEST_FILE in keys:
             doomed = [k for k in keys if k == LEASE_FILE]
         else:
@@ -214,5 +214,5 @@ def remove_remote_set(root: Store, name: str) -> None:
     except FileNotFoundError:
         raise FileNotFoundError(f"no checkpoint set at {folder.url}") from None
     folder.delete([MANIFEST_FILE])
-    folder.delete([k for k in folder.keys() if k != LEASE_FILE])
+    folder.delete([k for k in folder.object_keys() if k != LEASE_FILE])
     root.drop_empty(name)

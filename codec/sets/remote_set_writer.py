@@ -126,7 +126,7 @@ class RemoteSetWriter:
                     remove_remote_set(self.root, self.name)
             self._refuse_existing()  # committed between the check and the lease
             # What a killed save of this prefix left (its lease is now ours).
-            self.set.delete([k for k in self.set.keys() if k != LEASE_FILE])
+            self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
         except BaseException:
             self._release()
             raise
@@ -223,7 +223,7 @@ class RemoteSetWriter:
                 # Housekeeping only: the error that ended the save is what the caller must
                 # see; objects that cannot be removed now go with the next save's cleaner.
                 with contextlib.suppress(Exception):
-                    self.set.delete([k for k in self.set.keys() if k != LEASE_FILE])
+                    self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
         finally:
             with contextlib.suppress(Exception):
                 self._release()

@@ -141,7 +141,7 @@ class Store:
         """Forget what the filesystem cached of listings (another process writes too)."""
         self.fs.invalidate_cache()
 
-    def keys(self, prefix: str = "") -> list[str]:
+    def object_keys(self, prefix: str = "") -> list[str]:
         """Every object's key under ``prefix`` (recursive), sorted; none if it is absent."""
         self.invalidate()
         base = self.path(prefix).rstrip("/")

@@ -6,12 +6,12 @@ The part plan (:func:`part_size`): S3 takes at most 10,000 parts of 5 MiB to 5 G
 at :data:`FIRST_PART` (32 MiB: large enough that a 70B model's upload does not run out of
 parts, as 8 MiB parts did) and double every :data:`PARTS_PER_SIZE` parts up to
 :data:`LARGEST_PART` (4 GiB). So a 10 GB member is 299 parts of 32 MiB; a 1 TB member is
-1000 × 32 MiB, 1000 × 64 MiB, 1000 × 128 MiB, 1000 × 256 MiB then 1,815 × 512 MiB (5,815
-parts); the 10,000 parts hold 15.9 TiB, more than S3's 5 TiB limit of an object. An object
+1000 parts each of 32, 64, 128 and 256 MiB then 926 of 512 MiB (4,926 parts); S3's largest
+object (5 TiB) takes 7,288 parts, the last ones of 4 GiB. An object
 smaller than the first part is one ``PUT``.
 
 Parts are uploaded while the next ones fill (:data:`PARTS_IN_FLIGHT` at a time, on s3fs's
-event loop), so at most ``(PARTS_IN_FLIGHT + 1) × part`` bytes are held. A failure aborts
+event loop), so at most ``(PARTS_IN_FLIGHT + 1) * part`` bytes are held. A failure aborts
 the multipart upload before it is raised; a killed process leaves it incomplete, and the
 next save's cleaner (:mod:`.remote_set_writer`) aborts it by its key and lease.
 """

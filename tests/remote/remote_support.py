@@ -4,7 +4,7 @@ object and incomplete upload under a root, and a memory filesystem that fails on
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 import torch
@@ -41,7 +41,7 @@ def resumes_exactly(saved: tuple[Any, Any], restored: tuple[Any, Any], counter: 
 
 def objects(url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Every object's key under ``url``, sorted."""
-    return open_store(url, storage_options).keys()
+    return open_store(url, storage_options).object_keys()
 
 
 def uploads(url: str, storage_options: dict[str, Any] | None = None) -> list[tuple[str, str]]:
@@ -55,8 +55,8 @@ class FaultyMemory(MemoryFileSystem):
     :meth:`arm`), or on writing a manifest (``fail_manifest``)."""
 
     protocol = ("faultmem",)
-    store: dict[str, Any] = {}
-    pseudo_dirs = [""]
+    store: ClassVar[dict[str, Any]] = {}
+    pseudo_dirs: ClassVar[list[str]] = [""]
     writes = 0
     fail_write_at: int | None = None
     fail_manifest = False
