@@ -118,7 +118,9 @@ def local_s3(bucket: str = "tlckpt-test", *, child_process: bool = False) -> Ite
         import fsspec
 
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-        fs.mkdir(bucket)
+        # moto's state is per process: an earlier server of this process made it already.
+        with contextlib.suppress(FileExistsError):
+            fs.mkdir(bucket)
         env = {**DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": url}
         yield S3Endpoint(url, bucket, options, env)
     finally:

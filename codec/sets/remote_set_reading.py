@@ -2,13 +2,14 @@
 ranged reads and hashed as they arrive, the newest set that verifies, and a set staged in a
 local folder for the loads (which need files).
 
-A member is read in ranges of :data:`RANGE_BYTES`, :data:`RANGES_IN_FLIGHT` at a time
-(concurrent requests on s3fs), each range hashed as it arrives (the set's digest:
-``xxh3_128``, or keyed BLAKE3 for a signed set) and, when staging, written to the local
-copy. A member whose size or digest differs from the manifest's raises
-:class:`~..errors.IntegrityError` naming its URL, before any load has read it. Reading
-never allocates more than the ranges in flight: sizes come from the manifest, bounded, and
-the store's own size of each object must equal them first.
+A member is read by one ranged request of exactly its recorded size on S3, consumed as it
+streams in pieces of :data:`RANGE_BYTES` (elsewhere, one ranged read per piece); each piece
+is hashed as it arrives (the set's digest: ``xxh3_128``, or keyed BLAKE3 for a signed set)
+and, when staging, written to the local copy. A member whose size or digest differs from
+the manifest's raises :class:`~..errors.IntegrityError` naming its URL, before any load has
+read it. Reading
+never holds more than a piece: sizes come from the manifest, bounded, and the store's own
+size of each object must equal them first.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from .set_keys import SetKey, as_key, member_hash
 
 __all__ = [
     "RANGE_BYTES",
-    "RANGES_IN_FLIGHT",
     "remote_candidate_steps",
     "remote_committed_steps",
     "read_remote_manifest",
@@ -48,10 +48,8 @@ __all__ = [
     "staged_set",
 ]
 
-#: Bytes of one ranged read.
+#: Bytes of one piece of a member, hashed and written as it arrives.
 RANGE_BYTES = 16 << 20
-#: Ranged reads of one member in flight at once.
-RANGES_IN_FLIGHT = 4
 
 
 def remote_candidate_steps(root: Store) -> list[int]:
@@ -155,27 +153,23 @@ def _stream_member(
         )
     h = member_hash(key)
     kept = bytearray() if role == "training_state" and size <= MAX_TRAINING_STATE_BYTES else None
-    pos = 0
-    while pos < size:
-        ranges = []
-        for _ in range(RANGES_IN_FLIGHT):
-            if pos >= size:
-                break
-            ranges.append((pos, min(size, pos + RANGE_BYTES)))
-            pos = ranges[-1][1]
-        for (start, end), data in zip(ranges, folder.read_ranges(record.file, ranges)):
-            if len(data) != end - start:  # the object changed under us
-                raise IntegrityError(
-                    f"member {role} ({record.file}) changed while it was read",
-                    check="size",
-                    path=url,
-                    field=f"members.{role}",
-                )
-            h.update(data)
-            if out is not None:
-                out.write(data)
-            if kept is not None:
-                kept += data
+    got = 0
+    for data in folder.stream(record.file, 0, size, RANGE_BYTES):
+        h.update(data)
+        if out is not None:
+            out.write(data)
+        if kept is not None:
+            kept += data
+        got += len(data)
+    if got != size:  # the object changed (shrank) under us
+        raise IntegrityError(
+            f"member {role} ({record.file}) changed while it was read ({got} bytes read)",
+            check="size",
+            path=url,
+            field=f"members.{role}",
+            actual=got,
+            expected=size,
+        )
     digest = h.hexdigest()
     if not hmac.compare_digest(digest, record.digest):
         raise IntegrityError(
