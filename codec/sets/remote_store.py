@@ -13,7 +13,9 @@ that does not answer raises ``OSError``, never hangs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import importlib
 import re
 from collections.abc import Iterable, Iterator
@@ -21,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "S3_DEFAULTS",
+    "client_errors",
     "is_url",
     "Store",
     "open_store",
@@ -39,6 +42,36 @@ S3_DEFAULTS: dict[str, Any] = {
     "read_timeout": 60,
     "retries": {"max_attempts": 3, "mode": "standard"},
 }
+
+
+#: Where the exceptions of the clients under fsspec come from that are not ``OSError``s
+#: (botocore's ``EndpointConnectionError``, aiohttp's payload errors…).
+_CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "google")
+
+
+@contextlib.contextmanager
+def client_errors(what: str) -> Iterator[None]:
+    """Raise a client library's own exception from inside as ``OSError`` (naming ``what``):
+    callers catch ``OSError`` for the store's failures, as for a disk's."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] not in _CLIENT_MODULES:
+            raise
+        raise OSError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _guarded(method: Any) -> Any:
+    """``method`` of :class:`Store` with :func:`client_errors` around it."""
+
+    @functools.wraps(method)
+    def call(self: Store, *args: Any, **kwargs: Any) -> Any:
+        with client_errors(f"{method.__name__} on {self.url}"):
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 def is_url(path: Any) -> bool:
@@ -137,10 +170,12 @@ class Store:
         """The store rooted at ``name`` under this root."""
         return Store(self.fs, self.path(name), self.url_of(name))
 
+    @_guarded
     def invalidate(self) -> None:
         """Forget what the filesystem cached of listings (another process writes too)."""
         self.fs.invalidate_cache()
 
+    @_guarded
     def object_keys(self, prefix: str = "") -> list[str]:
         """Every object's key under ``prefix`` (recursive), sorted; none if it is absent."""
         self.invalidate()
@@ -151,6 +186,7 @@ class Store:
             return []
         return sorted(_relative(str(p), self.root) for p in found)
 
+    @_guarded
     def names(self) -> list[str]:
         """The names right under the root (objects and prefixes); none if it is absent."""
         self.invalidate()
@@ -160,6 +196,7 @@ class Store:
             return []
         return sorted({_relative(str(p), self.root).split("/")[0] for p in found} - {""})
 
+    @_guarded
     def info(self, key: str) -> dict[str, Any]:
         """The object's details (``size`` and, where the store says, when it was written).
 
@@ -179,6 +216,7 @@ class Store:
         """When ``key`` was last written, by the store's clock (seconds), if it says."""
         return _modified(self.info(key))
 
+    @_guarded
     def read(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the object (one ranged read)."""
         return bytes(self.fs.cat_file(self.path(key), start=start, end=end))
@@ -202,9 +240,10 @@ class Store:
         fs = self.fs
         if end <= start:
             return
-        body = fs.call_s3("get_object", Bucket=bucket, Key=name, Range=f"bytes={start}-{end - 1}")[
-            "Body"
-        ]
+        with client_errors(f"reading {self.url_of(key)}"):
+            body = fs.call_s3(
+                "get_object", Bucket=bucket, Key=name, Range=f"bytes={start}-{end - 1}"
+            )["Body"]
 
         async def piece(size: int) -> bytes:
             out = bytearray()
@@ -218,12 +257,8 @@ class Store:
         try:
             left = end - start
             while left > 0:
-                try:
+                with client_errors(f"reading {self.url_of(key)}"):
                     data = sync(fs.loop, piece, min(chunk, left))
-                except OSError:
-                    raise
-                except Exception as exc:  # aiohttp's payload errors are not OSErrors
-                    raise OSError(f"reading {self.url_of(key)} broke off: {exc}") from exc
                 if not data:
                     return
                 left -= len(data)
@@ -231,10 +266,12 @@ class Store:
         finally:
             body.close()
 
+    @_guarded
     def put(self, key: str, data: bytes) -> None:
         """Write the object ``key`` (replacing it)."""
         self.fs.pipe_file(self.path(key), data)
 
+    @_guarded
     def create(self, key: str, data: bytes) -> None:
         """Write the object ``key`` only if there is none (S3: ``If-None-Match: *``, which
         the store decides atomically; elsewhere as the filesystem offers: see the guide).
@@ -249,6 +286,7 @@ class Store:
             return
         self.fs.pipe_file(self.path(key), data, mode="create")
 
+    @_guarded
     def delete(self, keys: Iterable[str]) -> None:
         """Remove the objects ``keys`` (missing ones are no error), in the order given."""
         for key in keys:
@@ -257,6 +295,7 @@ class Store:
             except FileNotFoundError:
                 continue
 
+    @_guarded
     def drop_empty(self, prefix: str) -> None:
         """Remove the folder ``prefix`` if it is empty, where the filesystem has folders
         (``file://``, ``memory://``; object stores have none: a prefix with no object is
@@ -270,6 +309,7 @@ class Store:
         except (FileNotFoundError, OSError):
             return  # not empty (someone wrote meanwhile), or gone: nothing to drop
 
+    @_guarded
     def uploads(self, prefix: str) -> list[tuple[str, str]]:
         """The incomplete multipart uploads under ``prefix``: ``(key, upload id)`` (S3 only;
         other stores have none to abort)."""
@@ -290,6 +330,7 @@ class Store:
             }
         return found
 
+    @_guarded
     def abort(self, key: str, upload_id: str) -> None:
         """Abort the multipart upload ``upload_id`` of ``key`` (S3)."""
         bucket, _, name = self.path(key).partition("/")

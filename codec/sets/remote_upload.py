@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from .remote_store import Store
+from .remote_store import Store, client_errors
 
 __all__ = [
     "MIN_PART",
@@ -198,8 +198,11 @@ class _PlainUpload:
 
     def abort(self) -> None:
         discard = getattr(self.file, "discard", None)
-        if callable(discard):
-            discard()
+        # Files that commit as they are written refuse to discard (local ones): the object
+        # is removed below instead.
+        with contextlib.suppress(Exception):
+            if callable(discard):
+                discard()
         self.file.close()
         self.store.delete([self.key])
 
@@ -212,10 +215,12 @@ def upload(store: Store, key: str) -> Iterator[Any]:
     Raises:
         OSError: from the store.
     """
-    sink: Any = S3Upload(store, key) if store.is_s3 else _PlainUpload(store, key)
+    with client_errors(f"uploading {store.url_of(key)}"):
+        sink: Any = S3Upload(store, key) if store.is_s3 else _PlainUpload(store, key)
     try:
-        yield sink
-        sink.finish()
+        with client_errors(f"uploading {store.url_of(key)}"):
+            yield sink
+            sink.finish()
     except BaseException:
         # Housekeeping: the error that ended the upload is the one to raise; an upload that
         # cannot be aborted now is aborted by the next save's cleaner.
