@@ -10,8 +10,10 @@ parts, as 8 MiB parts did) and double every :data:`PARTS_PER_SIZE` parts up to
 object (5 TiB) takes 7,288 parts, the last ones of 4 GiB. An object
 smaller than the first part is one ``PUT``.
 
-Parts are uploaded while the next ones fill (:data:`PARTS_IN_FLIGHT` at a time, on s3fs's
-event loop), so at most ``(PARTS_IN_FLIGHT + 1) * part`` bytes are held. A failure aborts
+Parts are uploaded while the next ones fill, on s3fs's event loop: as many at a time as fit
+in :data:`BYTES_IN_FLIGHT` (256 MiB: eight 32 MiB parts), at least two, so that at most
+256 MiB plus two parts are held (1 GiB with 512 MiB parts, 12 GiB with the 4 GiB parts of
+an object past 3.9 TiB). A failure aborts
 the multipart upload before it is raised; a killed process leaves it incomplete, and the
 next save's cleaner (:mod:`.remote_set_writer`) aborts it by its key and lease.
 """
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_PARTS",
     "PARTS_PER_SIZE",
     "PARTS_IN_FLIGHT",
+    "BYTES_IN_FLIGHT",
     "part_size",
     "part_plan",
     "S3Upload",
@@ -49,8 +52,11 @@ LARGEST_PART = 4 << 30
 MAX_PARTS = 10_000
 #: Parts of one size before the size doubles.
 PARTS_PER_SIZE = 1000
-#: Parts uploading at once while the writer fills the next.
-PARTS_IN_FLIGHT = 4
+#: Parts uploading at once while the writer fills the next: as many as fit in
+#: :data:`BYTES_IN_FLIGHT`, at least 2 and at most this.
+PARTS_IN_FLIGHT = 8
+#: Bytes of parts uploading at once (beyond the one filling).
+BYTES_IN_FLIGHT = 256 << 20
 
 
 def part_size(index: int, first: int = FIRST_PART) -> int:
@@ -126,7 +132,8 @@ class S3Upload:
     def _send_part(self) -> None:
         if self.upload_id is None:
             self.upload_id = self._call("create_multipart_upload")["UploadId"]
-        while len(self.inflight) >= PARTS_IN_FLIGHT:
+        size = part_size(self.index, self.first)
+        while len(self.inflight) >= max(2, min(PARTS_IN_FLIGHT, BYTES_IN_FLIGHT // size)):
             self._settle_oldest()
         body, self.buffer = bytes(self.buffer), bytearray()
         self.index += 1
