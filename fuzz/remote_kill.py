@@ -149,6 +149,7 @@ def campaign(
     ever: set[int] = set()
     failures: list[str] = []
     save_time = None
+    interrupted = 0  # children killed before their save returned
     for trial in range(trials):
         step = 10 * (trial + 1)
         proc = _spawn(url, options, step, size_mb)
@@ -163,12 +164,17 @@ def campaign(
         elif delay is not None:
             time.sleep(delay)
             proc.send_signal(signal.SIGKILL)
-        out = proc.stdout.read()
+        # The save's end is its "done" line (the interpreter's exit takes longer).
+        finished = proc.stdout.readline().strip() == "done"
+        ended = time.monotonic() - started
+        proc.stdout.read()
         proc.wait()
         if save_time is None:
-            save_time = time.monotonic() - started
-            if "done" not in out:
+            save_time = ended
+            if not finished:
                 failures.append(f"trial {trial}: the calibration save did not finish")
+        else:
+            interrupted += not finished
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SkippedCheckpointWarning)
             steps = manager.steps()
@@ -199,10 +205,12 @@ def campaign(
         ever.add(clean_step)
         failures.extend(f"trial {trial}: {p}" for p in _objects_ok(manager, root))
         print(
-            f"trial {trial}: killed after {delay if delay is None else round(delay, 2)} s,"
-            f" sets {manager.steps()}",
+            f"trial {trial}: killed after {delay if delay is None else round(delay, 2)} s"
+            f" ({'before' if not finished else 'after'} its save returned), sets"
+            f" {manager.steps()}",
             flush=True,
         )
+    print(f"{interrupted} of {trials - (not at_upload)} killed children were mid-save")
     return failures
 
 
