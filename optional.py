@@ -14,7 +14,13 @@ from types import ModuleType
 __all__ = ["EXTRAS", "MissingDependencyError", "require", "missing_message"]
 
 #: Top-level package → the ``tlckpt`` extra that installs it.
-EXTRAS = {"torch": "torch", "safetensors": "cli", "tqdm": "cli"}
+EXTRAS = {
+    "torch": "torch",
+    "safetensors": "cli",
+    "tqdm": "cli",
+    "fsspec": "remote",
+    "s3fs": "remote",
+}
 
 
 class MissingDependencyError(ModuleNotFoundError):

@@ -39,6 +39,7 @@ NEEDS = {
     "tlckpt.testing.models": {"torch"},
     "tlckpt.testing.bitwise": {"torch"},
     "tlckpt.testing.recipes": {"torch", "transformers"},
+    "tlckpt.testing.s3_server": {"moto", "fsspec", "s3fs"},
 }
 
 #: Top-level folders of the checkout that are not the library (as in setup.py, stated again

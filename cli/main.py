@@ -7,8 +7,8 @@ Commands (no command at all runs ``demo``)::
     tlckpt convert SRC DST [--to FORMAT] [--dtype ENCODING] [--names-from FILE] [--compact]
                    [--max-json-bytes SIZE]
     tlckpt demo [--codec] [--keep DIR]
-    tlckpt ls DIR [--key-file FILE]
-    tlckpt verify PATH [--key-file FILE]
+    tlckpt ls DIR [--key-file FILE] [--storage-options JSON]
+    tlckpt verify PATH [--key-file FILE] [--storage-options JSON]
     tlckpt export-hf SRC OUT [--max-shard-size SIZE] [--model KEY] [--key-file FILE]
     tlckpt import-hf HF_DIR OUT
 
@@ -171,15 +171,30 @@ def _key(args: argparse.Namespace) -> bytes | None:
         raise _UsageError(f"--key-file {args.key_file}: {_one_line(reason)}") from None
 
 
+def _storage_options(args: argparse.Namespace) -> dict | None:
+    """The JSON object of ``--storage-options`` (``None`` without it); anything else is a
+    usage error."""
+    if args.storage_options is None:
+        return None
+    try:
+        options = json.loads(args.storage_options)
+    except ValueError as exc:
+        raise _UsageError(f"--storage-options is not JSON: {_one_line(exc)}") from None
+    if not isinstance(options, dict):
+        raise _UsageError("--storage-options must be a JSON object")
+    return options
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
-    print(list_sets(args.dir, key=_key(args)))
+    print(list_sets(args.dir, key=_key(args), storage_options=_storage_options(args)))
     return EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     key = _key(args)
+    options = _storage_options(args)
     try:
-        print(verify_set(args.path, key=key))
+        print(verify_set(args.path, key=key, storage_options=options))
     except CheckpointError as exc:
         raise exc.with_path(args.path) from None
     return EXIT_OK
@@ -216,6 +231,17 @@ def _key_file_option(parser: argparse.ArgumentParser) -> None:
         help="the key signed sets were saved with: a file of 32 raw bytes, or 64 hex digits"
         " and an optional newline; only sets signed with it verify (without it, signed sets"
         " do not: they cannot be authenticated)",
+    )
+
+
+def _storage_options_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        help="for a URL (s3://bucket/run, gs://..., memory://...): the fsspec filesystem's"
+        ' options as a JSON object, e.g. \'{"client_kwargs": {"endpoint_url":'
+        ' "http://127.0.0.1:9000"}}\'; credentials and the endpoint also come from the'
+        " standard environment variables (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)",
     )
 
 
@@ -325,9 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
         "List every checkpoint set folder (step-<20 digits>) of DIR, oldest first, with its"
         " size and whether every member has the size and digest its manifest records (else"
         " the member and the check that failed); count leftovers of interrupted saves.",
-        [("dir", "the directory of a CheckpointManager")],
+        [("dir", "the directory of a CheckpointManager (or its URL)")],
     )
     _key_file_option(p)
+    _storage_options_option(p)
     p = _command(
         sub,
         "verify",
@@ -337,9 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
         " digest, the training-state document, and every member's structure. With"
         " --key-file: the set must be signed with that key (its manifest's MAC, every"
         " member's keyed BLAKE3 digest).",
-        [("path", "a checkpoint set folder")],
+        [("path", "a checkpoint set folder (or its URL)")],
     )
     _key_file_option(p)
+    _storage_options_option(p)
 
     p = _command(
         sub,

@@ -51,6 +51,8 @@ from ..errors import CheckpointError, FileChangedError, IntegrityError, names_th
 from ..fileio.source import FileStamp, open_regular
 from ..inspection import inspect
 from ..sniffing import JSON_FAMILY
+from .remote_set_reading import staged_set
+from .remote_store import is_url
 
 # The parts of the protocol live in their own modules; this one verifies, and names them all.
 from .set_digests import (
@@ -308,7 +310,9 @@ class VerifiedSet:
 
 
 @names_the_file()
-def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
+def verify_checkpoint(
+    path: str | os.PathLike, *, key: Any = None, storage_options: dict[str, Any] | None = None
+) -> Manifest:
     """Check a checkpoint set completely, without torch.
 
     The manifest is parsed and checked; every member must be present with the size and
@@ -320,8 +324,10 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
     checked first, and the members' digests are keyed BLAKE3.
 
     Args:
-        path: the set's folder.
+        path: the set's folder; or its URL (``s3://…``: every member streamed by ranged
+            reads, hashed as it arrives, into a local staging folder, checked there).
         key: the 32-byte key a signed set was saved with; ``None`` for an unsigned set.
+        storage_options: for a URL, the fsspec filesystem's options.
 
     Returns:
         The set's manifest.
@@ -340,6 +346,9 @@ def verify_checkpoint(path: str | os.PathLike, *, key: Any = None) -> Manifest:
     Example:
         >>> verify_checkpoint("checkpoints/step-00000000000000001200")  # doctest: +SKIP
     """
+    if is_url(path):
+        with staged_set(str(path), key=key, storage_options=storage_options) as local:
+            return verify_checkpoint(local, key=key)
     with VerifiedSet.open(path, key=key) as verified:
         verified.training_state()
         for role, record in verified.manifest.members.items():

@@ -6,7 +6,8 @@ Holds :mod:`.set_writing`, :mod:`.set_restoring` and their entry points
 :mod:`.param_group_values` and :mod:`.rng_states` (the training state's documents bound to
 torch objects), and sets of several models, optimizers and schedulers
 (:mod:`.multi_set_writing`, :mod:`.multi_set_restoring`; their structure and member
-families, :mod:`.set_structure`), and sets of one state tree (:mod:`.state_tree_sets`).
+families, :mod:`.set_structure`), sets of one state tree (:mod:`.state_tree_sets`), and remote
+sets restored and retained (:mod:`.remote_sets`).
 
 May import: ``tlckpt.codec``, :mod:`..binding`, :mod:`..placement`, :mod:`..commit` and
 :mod:`..ops` (a set is saved and restored through the same operations), torch; not the

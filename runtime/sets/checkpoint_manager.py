@@ -40,10 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from ...codec.sets.checkpoint_set import latest_verified
+from ...codec.sets.remote_leases import LEASE_SECONDS
+from ...codec.sets.remote_set_reading import remote_committed_steps, remote_latest
+from ...codec.sets.remote_set_writer import RemoteOptions
+from ...codec.sets.remote_store import is_url, open_store
 from ...codec.sets.set_commit import clean_leftovers, remove_set
 from ...codec.sets.set_folders import check_step, committed_steps, retention_victims, set_path
 from ...codec.sets.set_keys import as_key
 from .multi_set_writing import StructuredSource, set_source, snapshot_structured, write_any
+from .remote_sets import remote_set_url, restore_remote, restore_remote_latest, retain_remote
 from .set_restoring import Restored, Targets, restore_latest, restore_set
 from .set_structure import MODEL_FORMATS
 from .set_writing import snapshot_source
@@ -234,6 +239,11 @@ class CheckpointManager:
             (with a :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning`) every
             set that does not authenticate. Only keys derived from it are kept, and
             never shown.
+        storage_options: for a ``directory`` URL (``s3://bucket/run``, ``memory://run``…):
+            the fsspec filesystem's options (endpoint, credentials: the guide's "Object
+            storage"). A plain path is a local folder, as before.
+        lease_seconds: for a URL, how long a save's lease lives unless renewed: a killed
+            save's objects are removed by the first save that commits this long after.
 
     Raises:
         CheckpointError: ``key`` is not 32 bytes.
@@ -254,16 +264,27 @@ class CheckpointManager:
         keep_every: int | None = None,
         model_format: str = "auto",
         key: bytes | None = None,
+        storage_options: dict[str, Any] | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ):
         if model_format not in MODEL_FORMATS:
             raise ValueError(f"model_format must be one of {MODEL_FORMATS}, not {model_format!r}")
         self.model_format = model_format
         self._key = as_key(key)
-        self.directory = Path(directory)
         self.keep_last = _positive("keep_last", keep_last)
         self.keep_every = _positive("keep_every", keep_every)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        clean_leftovers(self.directory)
+        self._remote: RemoteOptions | None = None
+        self.directory: Any
+        if is_url(directory):
+            # Object storage: no folder to make, and leftovers are cleaned by each save,
+            # which holds a lease to judge the others' by.
+            self.directory = str(directory).rstrip("/")
+            self._remote = RemoteOptions(storage_options, lease_seconds)
+            self._root = open_store(self.directory, storage_options)
+        else:
+            self.directory = Path(directory)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            clean_leftovers(self.directory)
         self._snapshotter = Snapshotter()
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
@@ -312,17 +333,19 @@ class CheckpointManager:
         step = check_step(step)
         with self._lock:
             self._settle(raise_failure=True)
-            if not overwrite and os.path.lexists(set_path(self.directory, step)):
+            if not overwrite and self._exists(step):
                 raise FileExistsError(
                     errno.EEXIST,
                     f"step {step} has a checkpoint set already (pass overwrite=True to replace it)",
-                    str(set_path(self.directory, step)),
+                    str(self._set_path(step)),
                 )
             fmt = self.model_format
             if blocking:
                 source = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
-                target = set_path(self.directory, step)
-                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
+                target = self._set_path(step)
+                path = write_any(
+                    target, step, source, overwrite=overwrite, key=self._key, remote=self._remote
+                )
                 self._retain(step)
                 return _finished(step, path)
             live = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
@@ -335,8 +358,10 @@ class CheckpointManager:
 
             def background() -> Path:
                 snapshot.wait()
-                target = set_path(self.directory, step)
-                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
+                target = self._set_path(step)
+                path = write_any(
+                    target, step, source, overwrite=overwrite, key=self._key, remote=self._remote
+                )
                 self._retain(step)
                 return path
 
@@ -344,6 +369,19 @@ class CheckpointManager:
             _start_writer(background, handle)
             self._pending = handle
             return handle
+
+    def _set_path(self, step: int) -> Any:
+        """``step``'s set: a folder, or a URL."""
+        if self._remote is not None:
+            return remote_set_url(self.directory, step)
+        return set_path(self.directory, step)
+
+    def _exists(self, step: int) -> bool:
+        """Whether ``step`` has a set (locally: any entry of its name; remotely: a
+        manifest)."""
+        if self._remote is not None:
+            return step in remote_committed_steps(self._root)
+        return os.path.lexists(set_path(self.directory, step))
 
     def wait(self) -> None:
         """Block until no save is in flight.
@@ -373,6 +411,9 @@ class CheckpointManager:
         """Apply the retention policy after ``committed`` was committed, and remove
         leftovers. Failures here do not undo the commit: they are warnings."""
         try:
+            if self._remote is not None:
+                retain_remote(self._root, committed, self.keep_last, self.keep_every)
+                return
             victims = retention_victims(
                 committed_steps(self.directory), self.keep_last, self.keep_every, committed
             )
@@ -390,6 +431,8 @@ class CheckpointManager:
 
     def steps(self) -> list[int]:
         """The committed sets' steps, ascending (a set whose manifest parses; not verified)."""
+        if self._remote is not None:
+            return remote_committed_steps(self._root)
         return committed_steps(self.directory)
 
     def latest(self) -> int | None:
@@ -399,6 +442,8 @@ class CheckpointManager:
         :class:`~tlckpt.codec.sets.checkpoint_set.SkippedCheckpointWarning` with the member and
         the check that failed.
         """
+        if self._remote is not None:
+            return remote_latest(self._root, key=self._key)
         return latest_verified(self.directory, key=self._key)
 
     def restore(
@@ -437,6 +482,14 @@ class CheckpointManager:
         with self._lock:
             self._settle(raise_failure=False)
         targets = Targets(model, optimizer, scheduler, rng)
+        if self._remote is not None:
+            options = self._remote.storage_options
+            if step is None:
+                return restore_remote_latest(
+                    self._root, targets, key=self._key, storage_options=options
+                )
+            url = self._set_path(check_step(step))
+            return restore_remote(url, targets, key=self._key, storage_options=options)
         if step is None:
             return restore_latest(self.directory, targets, key=self._key)
         return restore_set(set_path(self.directory, step), targets, key=self._key)

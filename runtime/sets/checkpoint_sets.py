@@ -33,8 +33,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...codec.sets.remote_set_writer import RemoteOptions
+from ...codec.sets.remote_store import is_url
 from ...codec.sets.set_keys import as_key
 from .multi_set_writing import set_source, write_any
+from .remote_sets import restore_remote
 
 # Writing and restoring live in their own modules; this one offers the public functions
 # and names all of them.
@@ -55,13 +58,17 @@ def save_checkpoint(
     overwrite: bool = False,
     key: bytes | None = None,
     model_format: str = "auto",
-) -> Path:
+    storage_options: dict[str, Any] | None = None,
+) -> Path | str:
     """Save a whole training state as one checkpoint set: the folder ``path``, committed
     atomically (a crash leaves the previous set at ``path`` — or none — or the new one, and
     a recognisable leftover that the next save into the same folder removes).
 
     Args:
-        path: the set's folder; it must not exist unless ``overwrite``.
+        path: the set's folder; it must not exist unless ``overwrite``. A URL
+            (``s3://bucket/run/step-…``, ``memory://…``, ``file:///…``) saves to object
+            storage: members uploaded under the URL's prefix, the manifest written last and
+            only if absent (the guide's "Object storage").
         model: the model; or a sequence or mapping of models (a GAN's ``{"G": g, "D": d}``).
         optimizer: its optimizer, if any; or a sequence or mapping of optimizers (each
             bound to the models holding its parameters: :mod:`.set_structure`).
@@ -79,9 +86,11 @@ def save_checkpoint(
             in a TorchLean family, at most one Adam/AdamW optimizer and one scheduler, each
             given as one object, is a version-1 set (as earlier versions wrote); any other
             is version 2 (docs/format.md §7).
+        storage_options: for a URL, the fsspec filesystem's options (endpoint,
+            credentials…).
 
     Returns:
-        The set's folder.
+        The set's folder (its URL, for a URL).
 
     Raises:
         CheckpointError: something cannot be saved exactly (named), or ``key`` is not 32
@@ -94,7 +103,8 @@ def save_checkpoint(
     """
     key = as_key(key)
     source = set_source(step, model, optimizer, scheduler, random_counter, extra, model_format)
-    return write_any(path, step, source, overwrite=overwrite, key=key)
+    remote = RemoteOptions(storage_options) if is_url(path) else None
+    return write_any(path, step, source, overwrite=overwrite, key=key, remote=remote)
 
 
 def load_checkpoint(
@@ -105,6 +115,7 @@ def load_checkpoint(
     scheduler: Any = None,
     rng: bool = False,
     key: bytes | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Restored:
     """Verify the checkpoint set at ``path`` and restore it, all or nothing.
 
@@ -116,12 +127,14 @@ def load_checkpoint(
     are then written in one block with Ctrl-C held back.
 
     Args:
-        path: the set's folder.
+        path: the set's folder; or its URL (members streamed by ranged reads and hashed as
+            they arrive into a local staging folder, then restored from it).
         model, optimizer, scheduler: the live objects, built as for the saved run, given
             in the structure they were saved in (one object, a sequence, a mapping with
             the same keys); another structure is refused.
         rng: also restore torch's, CUDA's, numpy's and ``random``'s global states.
         key: the 32-byte key the set was signed with; ``None`` for an unsigned set.
+        storage_options: for a URL, the fsspec filesystem's options.
 
     Returns:
         The set's step, random counter and ``extra``.
@@ -134,4 +147,7 @@ def load_checkpoint(
             shapes, optimizer, param groups, scheduler, random states); nothing has changed.
         OSError: from the file system; nothing has changed.
     """
-    return restore_set(path, Targets(model, optimizer, scheduler, rng), key=key)
+    targets = Targets(model, optimizer, scheduler, rng)
+    if is_url(path):
+        return restore_remote(str(path), targets, key=key, storage_options=storage_options)
+    return restore_set(path, targets, key=key)

@@ -28,7 +28,7 @@ import torch
 
 from ...codec.errors import CheckpointError
 from ...codec.safetensors.family import SAFETENSORS_FAMILY
-from ...codec.sets.set_commit import SetWriter
+from ...codec.sets.remote_set_writer import RemoteOptions
 from ...codec.sets.set_document_writing import build_training_state
 from ...formats.checkpoint_set import (
     MODEL_BITS_VERSION,
@@ -54,7 +54,7 @@ from .set_structure import (
     member_family,
     structured,
 )
-from .set_writing import SetSource, live_source, write_set
+from .set_writing import SetSource, live_source, open_set_writer, write_set
 from .snapshot import ManySnapshot, Snapshotter
 
 __all__ = ["StructuredSource", "set_source", "snapshot_structured", "write_structured", "write_any"]
@@ -196,15 +196,17 @@ def write_structured(
     *,
     overwrite: bool = False,
     key: Any = None,
-) -> Path:
-    """Write and commit a version-2 set (see the module docstring).
+    remote: RemoteOptions | None = None,
+) -> Path | str:
+    """Write and commit a version-2 set (see the module docstring); ``path`` may be a URL
+    (``remote``: its store's options).
 
     Raises:
         FileExistsError: ``path`` exists and ``overwrite`` is false.
         CheckpointError: a member could not be written (named); nothing is committed.
         OSError: from the file system; nothing is committed.
     """
-    with SetWriter(path, step, overwrite=overwrite, key=key) as writer:
+    with open_set_writer(path, step, overwrite=overwrite, key=key, remote=remote) as writer:
         for (k, _), state, family in zip(source.models.items, source.states, source.families):
             role = source.models.member("model", k)
             if family == TLSF32:
@@ -245,12 +247,14 @@ def write_any(
     *,
     overwrite: bool = False,
     key: Any = None,
-) -> Path:
-    """Write a set from either kind of source (:func:`set_source`).
+    remote: RemoteOptions | None = None,
+) -> Path | str:
+    """Write a set from either kind of source (:func:`set_source`), to a folder or a URL
+    (``remote``: its store's options).
 
     Raises:
         As :func:`write_structured` and :func:`~.set_writing.write_set`.
     """
     if isinstance(source, StructuredSource):
-        return write_structured(path, step, source, overwrite=overwrite, key=key)
-    return write_set(path, step, source, overwrite=overwrite, key=key)
+        return write_structured(path, step, source, overwrite=overwrite, key=key, remote=remote)
+    return write_set(path, step, source, overwrite=overwrite, key=key, remote=remote)

@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
+from ...codec.errors import CheckpointError
 from ...codec.fileio.gcpause import without_gc
+from ...codec.sets.remote_set_writer import RemoteOptions, RemoteSetWriter
+from ...codec.sets.remote_store import is_url
 from ...codec.sets.set_commit import SetWriter
 from ...formats.checkpoint_set import (
     MODEL_BITS_FILE,
@@ -35,7 +38,7 @@ from ..placement.placement_protocol import Placement
 from . import training_state
 from .snapshot import Snapshot
 
-__all__ = ["SetSource", "live_source", "snapshot_source", "write_set"]
+__all__ = ["SetSource", "live_source", "snapshot_source", "open_set_writer", "write_set"]
 
 
 @dataclass
@@ -136,6 +139,37 @@ def _write_members(writer: SetWriter | None, source: SetSource, target: Path) ->
             f.write(source.training_state)
 
 
+def open_set_writer(
+    path: str | os.PathLike,
+    step: int,
+    *,
+    overwrite: bool = False,
+    key: Any = None,
+    remote: RemoteOptions | None = None,
+) -> Any:
+    """The writer of a set at ``path``: a URL (``s3://…``, ``memory://…``) gets a
+    :class:`~tlckpt.codec.sets.remote_set_writer.RemoteSetWriter` (commit without rename),
+    a plain path the local :class:`~tlckpt.codec.sets.set_commit.SetWriter` (rename,
+    ``fsync``), unchanged.
+
+    Args:
+        path: the set's folder or URL.
+        step, overwrite, key: as :class:`~tlckpt.codec.sets.set_commit.SetWriter`.
+        remote: a URL's store options (``None``: the defaults).
+    """
+    if is_url(path):
+        options = remote or RemoteOptions()
+        return RemoteSetWriter(
+            str(path),
+            step,
+            overwrite=overwrite,
+            key=key,
+            storage_options=options.storage_options,
+            lease_seconds=options.lease_seconds,
+        )
+    return SetWriter(path, step, overwrite=overwrite, key=key)
+
+
 def write_set(
     path: str | os.PathLike,
     step: int,
@@ -143,12 +177,13 @@ def write_set(
     *,
     overwrite: bool = False,
     key: Any = None,
-) -> Path:
+    remote: RemoteOptions | None = None,
+) -> Path | str:
     """Write and commit the set of ``step`` as the folder ``path`` (see the module
     docstring); signed with ``key`` (32 bytes, or a ``SetKey``) when given.
 
     Returns:
-        The committed set's folder.
+        The committed set's folder (its URL, for a URL).
 
     Raises:
         FileExistsError: ``path`` exists and ``overwrite`` is false.
@@ -156,9 +191,15 @@ def write_set(
         OSError: from the file system; nothing is committed.
     """
     if not source.sharded:
-        with SetWriter(path, step, overwrite=overwrite, key=key) as writer:
+        with open_set_writer(path, step, overwrite=overwrite, key=key, remote=remote) as writer:
             _write_members(writer, source, Path(writer.path))
             return writer.commit(source.state)
+    if is_url(path):
+        raise CheckpointError(
+            "sets of sharded (DTensor) models are saved to local folders only, not to"
+            f" object storage ({path})",
+            path=str(path),
+        )
     return _write_sharded(path, step, source, overwrite, key)
 
 

@@ -1,0 +1,232 @@
+"""A checkpoint set written to object storage, committed without a rename.
+
+:class:`RemoteSetWriter` offers what :class:`~.set_commit.SetWriter` offers (members,
+records, :meth:`~RemoteSetWriter.commit`, ``commit_v2``), for a set URL
+``<directory URL>/step-<20 digits>`` (any name works, as locally). The protocol:
+
+1. the save's lease is taken (:class:`~.remote_leases.Lease`): a set prefix has one save
+   at a time, and a killed save's objects are recognisable by their prefix and dead lease;
+2. each member is uploaded under the set's prefix as it streams
+   (:func:`~.remote_upload.upload`: multipart with planned parts on S3), through a
+   :class:`~.set_digests.DigestingWriter` — size and digest computed on the way, one pass;
+3. every member is confirmed present with its size, the lease confirmed renewed, and the
+   manifest written last, only if absent (S3: ``If-None-Match: *``, decided by the store):
+   the commit point. A set prefix without a manifest is never a set;
+4. the lease is removed, and what killed saves left in the directory is cleaned
+   (:func:`~.remote_leases.clean_orphans`).
+
+A failure at any step before 3 aborts the multipart upload in progress, removes the
+members uploaded, releases the lease and raises: nothing is committed. ``overwrite``
+removes the old set (manifest first) before the new one is uploaded: unlike the local
+exchange, a killed remote overwrite leaves no set of that step (the guide says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ...formats.checkpoint_set import MANIFEST_FILE
+from ..sniffing import head_family
+from .remote_leases import LEASE_FILE, LEASE_SECONDS, Lease, clean_orphans, remove_remote_set
+from .remote_store import Store, open_store, split_url
+from .remote_upload import upload
+from .set_digests import DigestingWriter
+from .set_document_writing import build_manifest
+from .set_documents import MemberRecord
+from .set_folders import check_step, library_name
+from .set_keys import as_key
+from .set_manifest_v2 import build_manifest_v2
+
+__all__ = ["RemoteOptions", "RemoteSetWriter"]
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How remote sets are reached and leased.
+
+    Attributes:
+        storage_options: the fsspec filesystem's options (``None``: the defaults).
+        lease_seconds: how long a save's lease lives unless renewed.
+    """
+
+    storage_options: dict[str, Any] | None = None
+    lease_seconds: float = LEASE_SECONDS
+
+
+@dataclass
+class _Member:
+    file: str
+    family: str | None  # None: named from the first bytes
+    version: int
+    writer: DigestingWriter
+
+
+class RemoteSetWriter:
+    """Writes one set to object storage (the protocol in the module docstring). Use it as a
+    context manager: leaving the block without a commit removes what was uploaded.
+
+    Args:
+        url: the set's URL (``s3://bucket/run/step-…``).
+        step: the set's step.
+        overwrite: replace a committed set at ``url`` (removed first: see the module
+            docstring).
+        key: sign the set with this 32-byte key; ``None``: unsigned.
+        storage_options: the fsspec filesystem's options (endpoint, credentials…).
+        lease_seconds: how long the save's lease lives unless renewed
+            (:data:`~.remote_leases.LEASE_SECONDS`).
+
+    Raises:
+        FileExistsError: a set exists at ``url`` and ``overwrite`` is false, or another
+            save of it is in flight.
+        CheckpointError: ``key`` is not 32 bytes.
+        OSError: from the store.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        step: int,
+        *,
+        overwrite: bool = False,
+        key: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+    ):
+        self.key = as_key(key)
+        self.step = check_step(step)
+        self.overwrite = overwrite
+        self.path = url.rstrip("/")
+        parent, self.name = split_url(self.path)
+        self.root: Store = open_store(parent, storage_options)
+        self.set: Store = self.root.child(self.name)
+        self.lease = Lease(self.set, lease_seconds)
+        self.members: dict[str, _Member] = {}
+        self.committed = False
+        self.leased = False
+
+    def _refuse_existing(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.set.info(MANIFEST_FILE)
+            raise FileExistsError(
+                f"a checkpoint set exists at {self.path} already (pass overwrite=True to"
+                " replace it)"
+            )
+
+    def __enter__(self) -> RemoteSetWriter:
+        if not self.overwrite:
+            self._refuse_existing()
+        self.lease.take()
+        self.leased = True
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if self.overwrite:
+                    remove_remote_set(self.root, self.name)
+            self._refuse_existing()  # committed between the check and the lease
+            # What a killed save of this prefix left (its lease is now ours).
+            self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    @contextlib.contextmanager
+    def member(
+        self, role: str, file: str, version: int = 0, family: str | None = None
+    ) -> Iterator[DigestingWriter]:
+        """A digesting writer for member ``file``, uploaded as it streams; on clean exit
+        the object is complete and the member recorded.
+
+        Args:
+            role, file, version, family: as :meth:`~.set_commit.SetWriter.member`.
+        """
+        with upload(self.set, file) as sink:
+            writer = DigestingWriter(sink, self.key)
+            yield writer
+        self.members[role] = _Member(file, family, version, writer)
+
+    def set_version(self, role: str, version: int) -> None:
+        """Record the version a member's writer reported once it returned."""
+        self.members[role].version = version
+
+    def records(self) -> dict[str, MemberRecord]:
+        """What the manifest will record of each member written so far."""
+        out = {}
+        for role, m in self.members.items():
+            family = m.family or head_family(bytes(m.writer.head), m.writer.size) or role
+            out[role] = MemberRecord(m.file, family, m.version, m.writer.size, m.writer.hexdigest())
+        return out
+
+    def commit(self, state: Sequence[tuple[str, Sequence[int]]], world_size: int = 1) -> str:
+        """Write the manifest: the set is committed.
+
+        Args:
+            state: the model's ``(name, shape)`` in file order.
+            world_size: how many processes saved the set.
+
+        Returns:
+            The set's URL.
+
+        Raises:
+            FileExistsError: a manifest appeared meanwhile (another writer committed).
+            OSError: from the store; nothing is committed.
+        """
+        data = build_manifest(
+            self.step, library_name(), self.records(), state, world_size, self.key
+        )
+        return self._commit_manifest(data)
+
+    def commit_v2(
+        self,
+        structure: dict[str, Any],
+        details: dict[str, dict[str, Any]],
+        world_size: int = 1,
+    ) -> str:
+        """:meth:`commit` with a version-2 manifest (see
+        :meth:`~.set_commit.SetWriter.commit_v2`)."""
+        records = {
+            role: replace(record, **details.get(role, {}))
+            for role, record in self.records().items()
+        }
+        data = build_manifest_v2(
+            self.step, library_name(), records, structure, world_size, self.key
+        )
+        return self._commit_manifest(data)
+
+    def _commit_manifest(self, data: bytes) -> str:
+        for m in self.members.values():
+            size = self.set.size(m.file)  # FileNotFoundError: removed under us
+            if size != m.writer.size:
+                raise OSError(
+                    f"member {self.set.url_of(m.file)} has {size} bytes in the store,"
+                    f" {m.writer.size} were uploaded; the save is not committed"
+                )
+        self.lease.check()
+        self.set.create(MANIFEST_FILE, data)
+        self.committed = True
+        # Housekeeping: the set is committed whatever happens here; what cannot be
+        # cleaned now is cleaned by the next save.
+        with contextlib.suppress(OSError):
+            clean_orphans(self.root, self.lease.now(), keep=self.name)
+        return self.path
+
+    def _release(self) -> None:
+        if self.leased:
+            self.leased = False
+            self.lease.release()
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if not self.committed:
+                # Housekeeping only: the error that ended the save is what the caller must
+                # see; objects that cannot be removed now go with the next save's cleaner.
+                with contextlib.suppress(Exception):
+                    self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
+        finally:
+            with contextlib.suppress(Exception):
+                self._release()
+            if not self.committed:
+                with contextlib.suppress(Exception):
+                    self.root.drop_empty(self.name)
