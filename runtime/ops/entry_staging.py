@@ -1,0 +1,111 @@
+"""A safetensors file's tensors read off to the side in one pass: the staging of the
+safetensors loads (:mod:`.named_module_state`: ``load_module_state`` of a ``.safetensors``
+file and a set's safetensors model member).
+
+Measured on a 200 MB bf16 model (warm page cache): reading each tensor into its own fresh
+``torch.empty`` spent ~75% of the time in page faults (one per 4 KiB of fresh memory, 130 ms)
+against 30 ms for the same read into memory backed by transparent huge pages (one fault per
+2 MiB). So the tensors needed are read, in file order, into one region of anonymous memory
+that asks for huge pages (``MADV_HUGEPAGE``; where the kernel gives none it is ordinary
+memory), each run of adjacent tensors by one ``readinto`` (a plain file's large reads go to
+several threads; a set member's digesting reader hashes the run as it arrives, in order, so a
+set restore reads and verifies its member in one pass). Each tensor is a view of the region;
+the region is freed with the last view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from ...codec.fileio.source import Source
+from ...codec.safetensors import Header, TensorEntry
+from .tensor_files import read_entry, torch_dtype, torch_shape
+
+__all__ = ["stage_entries", "staging_region", "HUGE_PAGE", "REGION_MIN_BYTES"]
+
+#: The huge-page size the region is aligned to (x86-64 and arm64 with 4 KiB pages).
+HUGE_PAGE = 2 << 20
+#: From this size on the tensors are staged in an anonymous region asking for huge pages;
+#: below it, in one ordinary allocation (a fault or two either way).
+REGION_MIN_BYTES = 4 << 20
+#: Each run's first byte is placed at an address congruent to its file offset modulo this,
+#: so that a tensor aligned in the file (every writer aligns them) is aligned in memory.
+_ALIGN = 64
+
+
+def staging_region(nbytes: int) -> torch.Tensor:
+    """``nbytes`` bytes of fresh memory as a flat ``uint8`` tensor, aligned to 2 MiB and
+    backed by transparent huge pages where the kernel grants them (``MADV_HUGEPAGE``).
+
+    Raises:
+        OSError: the memory could not be mapped.
+    """
+    if nbytes < REGION_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(nbytes, dtype=torch.uint8)
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # a kernel without THP: ordinary pages, one region
+        region.madvise(mmap.MADV_HUGEPAGE)
+    address = np.frombuffer(region, dtype=np.uint8).ctypes.data
+    skip = -address % HUGE_PAGE
+    # The tensor holds the mapping alive; it is unmapped with the last view of it.
+    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=skip)
+
+
+def _runs(entries: list[TensorEntry]) -> list[list[TensorEntry]]:
+    """The entries (in file order) cut into runs of adjacent bytes."""
+    runs: list[list[TensorEntry]] = []
+    for entry in entries:
+        if runs and runs[-1][-1].end == entry.begin:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
+def _aligned(entry: TensorEntry) -> bool:
+    return entry.begin % max(1, torch_dtype(entry).itemsize) == 0
+
+
+def stage_entries(src: Source, header: Header, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Read tensors ``names`` of the file (its header checked) into fresh CPU tensors.
+
+    The reads go in file order, each run of adjacent tensors in one call (see the module
+    docstring); a tensor not aligned for its dtype in the file (no writer makes one) is read
+    into its own tensor.
+
+    Returns:
+        name → a tensor of the entry's torch dtype and shape holding its exact bytes.
+
+    Raises:
+        ConfigError: a dtype torch has no dtype for.
+        TruncatedError / FileChangedError: the file shrank or changed since its header.
+        OSError: from the file system.
+    """
+    entries = sorted((header.entries[n] for n in dict.fromkeys(names)), key=lambda e: e.begin)
+    out: dict[str, torch.Tensor] = {}
+    staged = [e for e in entries if e.nbytes and _aligned(e)]
+    runs = _runs(staged)
+    spans = [(run[0].begin, run[-1].end) for run in runs]
+    places, total = [], 0
+    for begin, end in spans:
+        total += (begin - total) % _ALIGN  # the run's first byte congruent to its offset
+        places.append(total)
+        total += end - begin
+    region = staging_region(total)
+    for run, (begin, end), place in zip(runs, spans, places):
+        src.seek(src.start + header.data_start + begin)
+        src.readinto(region[place : place + end - begin].numpy(), f"header[{run[0].name!r}]")
+        for entry in run:
+            dtype = torch_dtype(entry)
+            at = place + entry.begin - begin
+            flat = region[at : at + entry.nbytes].view(dtype)
+            out[entry.name] = flat.reshape(torch_shape(entry, dtype))
+    for entry in entries:
+        if entry.name not in out:  # empty, or not aligned for its dtype
+            out[entry.name] = read_entry(src, header, entry)
+    return out

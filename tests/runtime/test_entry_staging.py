@@ -1,0 +1,70 @@
+"""The staging of safetensors loads (:mod:`tlckpt.runtime.ops.entry_staging`): tensors read in
+file order by runs into one region, exact bytes, whatever subset, alignment or size."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import torch
+
+import tlckpt
+from tlckpt.codec.fileio.source import open_source
+from tlckpt.codec.safetensors.reader import read_header
+from tlckpt.runtime.ops.entry_staging import REGION_MIN_BYTES, stage_entries
+
+
+def _stage(path, names):
+    with open_source(path) as src:
+        header = read_header(src)
+        return stage_entries(src, header, names)
+
+
+def test_a_subset_with_gaps_is_read_exactly_from_a_region(tmp_path) -> None:
+    torch.manual_seed(0)
+    per = REGION_MIN_BYTES // 4  # several runs, the region path
+    tensors = {
+        f"t{i}": torch.randn(per // 2, dtype=torch.float32).to(torch.bfloat16) for i in range(8)
+    }
+    tensors["nan"] = torch.tensor([float("nan"), -0.0], dtype=torch.float32)
+    tensors["empty"] = torch.empty(0, 3, dtype=torch.float16)
+    path = tmp_path / "t.safetensors"
+    tlckpt.save_tensors(tensors, path)
+    wanted = ["t6", "t0", "t1", "t3", "nan", "empty", "t1"]  # out of order, a gap, a repeat
+    staged = _stage(path, wanted)
+    assert sorted(staged) == sorted(set(wanted))
+    for name, value in staged.items():
+        assert value.dtype == tensors[name].dtype and value.shape == tensors[name].shape
+        assert torch.equal(
+            value.view(-1).view(torch.uint8), tensors[name].view(-1).view(torch.uint8)
+        )
+
+
+def _raw_file(path, entries: list[tuple[str, str, list[int], bytes]]) -> None:
+    header, data = {}, b""
+    for name, dtype, shape, payload in entries:
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [len(data), len(data) + len(payload)],
+        }
+        data += payload
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def test_a_tensor_not_aligned_in_the_file_is_read_exactly(tmp_path) -> None:
+    path = tmp_path / "odd.safetensors"
+    floats = struct.pack("<3f", 1.5, float("inf"), -2.0)
+    _raw_file(
+        path,
+        [
+            ("b", "U8", [3], b"\x01\x02\x03"),
+            ("f", "F32", [3], floats),
+            ("h", "F16", [1], b"\x00\x3c"),
+        ],
+    )
+    staged = _stage(path, ["f", "b", "h"])
+    assert staged["b"].tolist() == [1, 2, 3]
+    assert staged["f"].tolist() == [1.5, float("inf"), -2.0]
+    assert staged["h"].tolist() == [1.0]
