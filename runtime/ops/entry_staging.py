@@ -6,11 +6,11 @@ Measured on a 200 MB bf16 model (warm page cache): reading each tensor into its 
 ``torch.empty`` spent ~75% of the time in page faults (one per 4 KiB of fresh memory, 130 ms)
 against 30 ms for the same read into memory backed by transparent huge pages (one fault per
 2 MiB). So the tensors needed are read, in file order, into one region of anonymous memory
-that asks for huge pages (``MADV_HUGEPAGE``; where the kernel gives none it is ordinary
-memory), each run of adjacent tensors by one ``readinto`` (a plain file's large reads go to
-several threads; a set member's digesting reader hashes the run as it arrives, in order, so a
-set restore reads and verifies its member in one pass). Each tensor is a view of the region;
-the region is freed with the last view.
+that asks for huge pages (``MADV_HUGEPAGE``) when free ones are at hand (else ordinary memory:
+see :func:`staging_region`), each run of adjacent tensors by one ``readinto`` (a plain file's
+large reads go to several threads; a set member's digesting reader hashes the run as it
+arrives, in order, so a set restore reads and verifies its member in one pass). Each tensor
+is a view of the region; the region is freed with the last view.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ...codec.fileio.source import Source
 from ...codec.safetensors import Header, TensorEntry
 from .tensor_files import read_entry, torch_dtype, torch_shape
 
-__all__ = ["stage_entries", "staging_region", "HUGE_PAGE", "REGION_MIN_BYTES"]
+__all__ = ["stage_entries", "staging_region", "free_huge_blocks", "HUGE_PAGE", "REGION_MIN_BYTES"]
 
 #: The huge-page size the region is aligned to (x86-64 and arm64 with 4 KiB pages).
 HUGE_PAGE = 2 << 20
@@ -38,9 +38,33 @@ REGION_MIN_BYTES = 4 << 20
 _ALIGN = 64
 
 
+def free_huge_blocks() -> int:
+    """Free blocks of 2 MiB the kernel holds right now (orders 9 and 10 of
+    ``/proc/buddyinfo``, every zone); 0 where it cannot be read."""
+    try:
+        with open("/proc/buddyinfo", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    total = 0
+    for line in lines:
+        counts = line.split()[4:]  # "Node 0, zone Normal" then the counts of orders 0..10
+        if len(counts) == 11 and all(c.isdigit() for c in counts):
+            total += int(counts[9]) + 2 * int(counts[10])
+    return total
+
+
 def staging_region(nbytes: int) -> torch.Tensor:
-    """``nbytes`` bytes of fresh memory as a flat ``uint8`` tensor, aligned to 2 MiB and
-    backed by transparent huge pages where the kernel grants them (``MADV_HUGEPAGE``).
+    """``nbytes`` bytes of fresh memory as a flat ``uint8`` tensor, aligned to 2 MiB; backed
+    by transparent huge pages (``MADV_HUGEPAGE``) when the kernel has enough free 2 MiB blocks
+    to give them without compacting memory.
+
+    Huge pages are asked for only then because with the kernel's default ``defrag`` setting
+    (``madvise``) a fault in such a region compacts memory synchronously when no free block is
+    at hand — on a machine whose page cache holds recent checkpoints a 512 MiB staged load was
+    measured at 0.55 to 2.7 s that way, against 0.63 to 0.76 s with ordinary pages
+    (``docs/performance.md``). With free blocks at hand each fault takes one (30 ms against
+    130 ms for 200 MB here).
 
     Raises:
         OSError: the memory could not be mapped.
@@ -48,8 +72,10 @@ def staging_region(nbytes: int) -> torch.Tensor:
     if nbytes < REGION_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(nbytes, dtype=torch.uint8)
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # a kernel without THP: ordinary pages, one region
-        region.madvise(mmap.MADV_HUGEPAGE)
+    # Twice the blocks needed: other processes may take some meanwhile.
+    if free_huge_blocks() >= 2 * (nbytes // HUGE_PAGE + 1):
+        with contextlib.suppress(OSError):  # a kernel without THP: ordinary pages
+            region.madvise(mmap.MADV_HUGEPAGE)
     address = np.frombuffer(region, dtype=np.uint8).ctypes.data
     skip = -address % HUGE_PAGE
     # The tensor holds the mapping alive; it is unmapped with the last view of it.

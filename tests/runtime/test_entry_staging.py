@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
 import torch
 
 import tlckpt
 from tlckpt.codec.fileio.source import open_source
 from tlckpt.codec.safetensors.reader import read_header
+from tlckpt.runtime.ops import entry_staging
 from tlckpt.runtime.ops.entry_staging import REGION_MIN_BYTES, stage_entries
 
 
@@ -20,7 +22,10 @@ def _stage(path, names):
         return stage_entries(src, header, names)
 
 
-def test_a_subset_with_gaps_is_read_exactly_from_a_region(tmp_path) -> None:
+@pytest.mark.parametrize("huge", [True, False], ids=["huge-pages", "no-free-blocks"])
+def test_a_subset_with_gaps_is_read_exactly_from_a_region(tmp_path, monkeypatch, huge) -> None:
+    if not huge:  # no free 2 MiB blocks: ordinary pages, the same region and reads
+        monkeypatch.setattr(entry_staging, "free_huge_blocks", lambda: 0)
     torch.manual_seed(0)
     per = REGION_MIN_BYTES // 4  # several runs, the region path
     tensors = {
