@@ -17,16 +17,27 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
 from ...codec.fileio.source import Source
 from ...codec.safetensors import Header, TensorEntry
+from ..commit.plans import StatePlan, committing, overwrite
 from .tensor_files import read_entry, torch_dtype, torch_shape
 
-__all__ = ["stage_entries", "staging_region", "free_huge_blocks", "HUGE_PAGE", "REGION_MIN_BYTES"]
+__all__ = [
+    "stage_entries",
+    "StagingRegion",
+    "AdoptingPlan",
+    "adoptable",
+    "free_huge_blocks",
+    "HUGE_PAGE",
+    "REGION_MIN_BYTES",
+]
 
 #: The huge-page size the region is aligned to (x86-64 and arm64 with 4 KiB pages).
 HUGE_PAGE = 2 << 20
@@ -54,32 +65,44 @@ def free_huge_blocks() -> int:
     return total
 
 
-def staging_region(nbytes: int) -> torch.Tensor:
-    """``nbytes`` bytes of fresh memory as a flat ``uint8`` tensor, aligned to 2 MiB; backed
-    by transparent huge pages (``MADV_HUGEPAGE``) when the kernel has enough free 2 MiB blocks
-    to give them without compacting memory.
+class StagingRegion:
+    """``nbytes`` bytes of fresh memory, from which tensors with storages of their own are
+    carved (each keeps the memory alive; it is freed with the last of them).
 
-    Huge pages are asked for only then because with the kernel's default ``defrag`` setting
-    (``madvise``) a fault in such a region compacts memory synchronously when no free block is
-    at hand — on a machine whose page cache holds recent checkpoints a 512 MiB staged load was
-    measured at 0.55 to 2.7 s that way, against 0.63 to 0.76 s with ordinary pages
-    (``docs/performance.md``). With free blocks at hand each fault takes one (30 ms against
-    130 ms for 200 MB here).
+    From :data:`REGION_MIN_BYTES` on it is one anonymous mapping aligned to 2 MiB, backed by
+    transparent huge pages (``MADV_HUGEPAGE``) when the kernel has enough free 2 MiB blocks
+    to give them without compacting memory. Huge pages are asked for only then because with
+    the kernel's default ``defrag`` setting (``madvise``) a fault in such a region compacts
+    memory synchronously when no free block is at hand — on a machine whose page cache holds
+    recent checkpoints a 512 MiB staged load was measured at 0.55 to 2.7 s that way, against
+    0.63 to 0.76 s with ordinary pages (``docs/performance.md``). With free blocks at hand
+    each fault takes one (30 ms against 130 ms for 200 MB here).
 
     Raises:
         OSError: the memory could not be mapped.
     """
-    if nbytes < REGION_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(nbytes, dtype=torch.uint8)
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    # Twice the blocks needed: other processes may take some meanwhile.
-    if free_huge_blocks() >= 2 * (nbytes // HUGE_PAGE + 1):
-        with contextlib.suppress(OSError):  # a kernel without THP: ordinary pages
-            region.madvise(mmap.MADV_HUGEPAGE)
-    address = np.frombuffer(region, dtype=np.uint8).ctypes.data
-    skip = -address % HUGE_PAGE
-    # The tensor holds the mapping alive; it is unmapped with the last view of it.
-    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=skip)
+
+    def __init__(self, nbytes: int):
+        self.buffer: Any
+        if nbytes < REGION_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+            self.buffer = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+            self.skip = -self.buffer.ctypes.data % _ALIGN
+            return
+        self.buffer = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Twice the blocks needed: other processes may take some meanwhile.
+        if free_huge_blocks() >= 2 * (nbytes // HUGE_PAGE + 1):
+            with contextlib.suppress(OSError):  # a kernel without THP: ordinary pages
+                self.buffer.madvise(mmap.MADV_HUGEPAGE)
+        self.skip = -np.frombuffer(self.buffer, dtype=np.uint8).ctypes.data % HUGE_PAGE
+
+    def array(self, at: int, nbytes: int) -> np.ndarray:
+        """Bytes ``[at, at + nbytes)`` as a numpy array (to read into)."""
+        return np.frombuffer(self.buffer, dtype=np.uint8, count=nbytes, offset=self.skip + at)
+
+    def tensor(self, at: int, nbytes: int) -> torch.Tensor:
+        """Bytes ``[at, at + nbytes)`` (``nbytes`` > 0) as a flat ``uint8`` tensor whose
+        storage is exactly them."""
+        return torch.frombuffer(self.buffer, dtype=torch.uint8, count=nbytes, offset=self.skip + at)
 
 
 def _runs(entries: list[TensorEntry]) -> list[list[TensorEntry]]:
@@ -105,7 +128,8 @@ def stage_entries(src: Source, header: Header, names: Iterable[str]) -> dict[str
     into its own tensor.
 
     Returns:
-        name → a tensor of the entry's torch dtype and shape holding its exact bytes.
+        name → a tensor of the entry's torch dtype and shape holding its exact bytes, with a
+        storage of its own (:meth:`StagingRegion.tensor`).
 
     Raises:
         ConfigError: a dtype torch has no dtype for.
@@ -122,16 +146,59 @@ def stage_entries(src: Source, header: Header, names: Iterable[str]) -> dict[str
         total += (begin - total) % _ALIGN  # the run's first byte congruent to its offset
         places.append(total)
         total += end - begin
-    region = staging_region(total)
+    region = StagingRegion(total)
     for run, (begin, end), place in zip(runs, spans, places):
         src.seek(src.start + header.data_start + begin)
-        src.readinto(region[place : place + end - begin].numpy(), f"header[{run[0].name!r}]")
+        src.readinto(region.array(place, end - begin), f"header[{run[0].name!r}]")
         for entry in run:
             dtype = torch_dtype(entry)
-            at = place + entry.begin - begin
-            flat = region[at : at + entry.nbytes].view(dtype)
+            flat = region.tensor(place + entry.begin - begin, entry.nbytes).view(dtype)
             out[entry.name] = flat.reshape(torch_shape(entry, dtype))
     for entry in entries:
         if entry.name not in out:  # empty, or not aligned for its dtype
             out[entry.name] = read_entry(src, header, entry)
     return out
+
+
+#: The reference count of a storage (private torch API: where it is missing, values are
+#: always copied).
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def adoptable(live: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether ``live`` can take ``value``'s storage instead of a copy of its bytes, with no
+    one able to tell but by its address: ``live`` is a plain CPU tensor or parameter owning
+    all of its storage, which nothing else references (no view, no ``.data`` alias, not
+    shared between processes, not pinned); ``value`` owns all of its storage too."""
+    if _USE_COUNT is None or type(live) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    if live.device.type != "cpu" or value.device.type != "cpu" or live.is_inference():
+        return False
+    if live.dtype != value.dtype or live.shape != value.shape or live._base is not None:
+        return False
+    for t in (live, value):
+        if not t.is_contiguous() or t.storage_offset() or t.untyped_storage().nbytes() != t.nbytes:
+            return False
+    if live.is_shared() or live.is_pinned():
+        return False
+    storage = live.untyped_storage()
+    return _USE_COUNT(storage._cdata) == 2  # ``live`` and ``storage`` here: nothing else
+
+
+class AdoptingPlan(StatePlan):
+    """New values staged by :func:`stage_entries`, committed without a second copy where
+    possible: a live tensor takes its value's storage (``set_``) where :func:`adoptable`,
+    and is copied into otherwise (a value feeding several live tensors is copied into each).
+
+    The commit is the same one step (Ctrl-C held back, autograd off): ``set_`` and
+    ``copy_`` do not fail for a reason of the file's.
+    """
+
+    def commit(self) -> None:
+        uses = Counter(id(value) for _, value in self.pairs)
+        with committing():
+            for live, value in self.pairs:
+                if uses[id(value)] == 1 and adoptable(live, value):
+                    live.set_(value)
+                else:
+                    overwrite(live, value)

@@ -73,3 +73,44 @@ def test_a_tensor_not_aligned_in_the_file_is_read_exactly(tmp_path) -> None:
     assert staged["b"].tolist() == [1, 2, 3]
     assert staged["f"].tolist() == [1.5, float("inf"), -2.0]
     assert staged["h"].tolist() == [1.0]
+
+
+def test_a_load_adopts_staged_storages_nobody_else_sees(tmp_path) -> None:
+    """A live tensor no one else references takes its staged value's storage (no second
+    copy); one with a view held elsewhere is copied into, so the view sees the new values."""
+    torch.manual_seed(0)
+    source = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    source = source.to(torch.bfloat16)
+    path = tmp_path / "m.safetensors"
+    tlckpt.save_module_state(source, path)
+    target = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    target = target.to(torch.bfloat16)
+    viewed = target[1].weight[0]  # a view of layer 1's weight, held here
+    before = {n: t.data_ptr() for n, t in target.state_dict().items()}
+    tlckpt.load_module_state(target, path)
+    after = target.state_dict()
+    for name, value in source.state_dict().items():
+        assert torch.equal(after[name].view(torch.uint8), value.view(torch.uint8)), name
+    assert after["1.weight"].data_ptr() == before["1.weight"]  # copied into: it has a view
+    assert torch.equal(viewed, source[1].weight[0])
+    assert after["0.weight"].data_ptr() != before["0.weight"]  # adopted
+    # Each adopted tensor's storage is its own bytes (torch.save writes only them).
+    assert after["0.weight"].untyped_storage().nbytes() == after["0.weight"].nbytes
+    assert target[0].weight.requires_grad and isinstance(target[0].weight, torch.nn.Parameter)
+
+
+def test_one_file_tensor_feeding_two_untied_tensors_is_copied_into_each(tmp_path) -> None:
+    """A file whose tensors are tied (metadata alias) loaded into a model that does not tie
+    them: each live tensor gets its own copy, and they stay apart."""
+    emb = torch.nn.Embedding(8, 4)
+    head = torch.nn.Linear(4, 8, bias=False)
+    head.weight = emb.weight
+    path = tmp_path / "tied.safetensors"
+    tlckpt.save_module_state(torch.nn.ModuleDict({"e": emb, "h": head}), path)
+    untied = torch.nn.ModuleDict(
+        {"e": torch.nn.Embedding(8, 4), "h": torch.nn.Linear(4, 8, bias=False)}
+    )
+    tlckpt.load_module_state(untied, path)
+    assert torch.equal(untied["e"].weight, emb.weight)
+    assert torch.equal(untied["h"].weight, emb.weight)
+    assert untied["e"].weight.data_ptr() != untied["h"].weight.data_ptr()
