@@ -131,3 +131,10 @@ def test_convert_keeps_tied_names(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert torch.equal(state["emb.weight"], emb.weight) and torch.equal(
         state["head.weight"], emb.weight
     )
+
+
+def test_convert_says_optimizer_files_are_not_model_state(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, "convert", tmp_path / "opt.tladam", tmp_path / "x.safetensors")
+    assert code == 2 and "optimizer file" in err and "load_optimizer" in err
