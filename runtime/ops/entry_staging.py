@@ -165,6 +165,12 @@ def stage_entries(src: Source, header: Header, names: Iterable[str]) -> dict[str
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
+def _pinned(t: torch.Tensor) -> bool:
+    if torch.cuda.is_available() and not torch.cuda.is_initialized():
+        return False  # pinning initializes CUDA: nothing is pinned yet (asking would initialize)
+    return t.is_pinned()
+
+
 def adoptable(live: torch.Tensor, value: torch.Tensor) -> bool:
     """Whether ``live`` can take ``value``'s storage instead of a copy of its bytes, with no
     one able to tell but by its address: ``live`` is a plain CPU tensor or parameter owning
@@ -179,7 +185,7 @@ def adoptable(live: torch.Tensor, value: torch.Tensor) -> bool:
     for t in (live, value):
         if not t.is_contiguous() or t.storage_offset() or t.untyped_storage().nbytes() != t.nbytes:
             return False
-    if live.is_shared() or live.is_pinned():
+    if live.is_shared() or _pinned(live):
         return False
     storage = live.untyped_storage()
     return _USE_COUNT(storage._cdata) == 2  # ``live`` and ``storage`` here: nothing else
