@@ -1,7 +1,8 @@
 """Optional dependencies: one message, naming the extra that installs them.
 
 The codec needs numpy, construct and orjson only. The runtime needs torch (``tlckpt[torch]``);
-the command line's safetensors conversions and progress bars need ``tlckpt[cli]``. A feature
+the command line's progress bars need ``tlckpt[cli]`` (its safetensors conversions need torch
+only: the layout is the repository's own codec). A feature
 that needs a missing package raises :class:`MissingDependencyError`, whose message is one line
 a user can act on, instead of a bare ``ModuleNotFoundError`` from deep inside.
 """
@@ -16,7 +17,6 @@ __all__ = ["EXTRAS", "MissingDependencyError", "require", "missing_message"]
 #: Top-level package → the ``tlckpt`` extra that installs it.
 EXTRAS = {
     "torch": "torch",
-    "safetensors": "cli",
     "tqdm": "cli",
     "fsspec": "remote",
     "s3fs": "remote",

@@ -19,7 +19,8 @@ class Ref:
     """A figure of the run: a group's way (or the fastest of several ways) for an operation.
 
     ``kind`` is ``state`` or ``optimizer``; ``stat`` is ``time`` (seconds: warm median, or
-    the cold probe), ``per_tensor`` (µs per tensor) or ``memory`` (peak growth, MiB).
+    the cold probe), ``per_tensor`` (µs per tensor), ``memory`` (peak growth, MiB), ``size``
+    (a file's bytes, MiB) or ``read`` (bytes read, MiB: ``open_checkpoint``).
     """
 
     group: str
@@ -192,6 +193,48 @@ GOALS: list[Goal] = [
                 None,
             ),
         ]
+    ),
+    # Issue #21: a bf16 model of >= 100M parameters in a set (a safetensors member).
+    Goal(
+        "bf16 model in a set: CheckpointManager.save vs save_file + fsync",
+        _r("bf16", "save", "tlckpt set"),
+        _r("bf16", "save", "safetensors"),
+        1.3,
+        caches=W,
+    ),
+    Goal(
+        "bf16 model in a set: restore (digests verified) vs load_file + load_state_dict",
+        _r("bf16", "load", "tlckpt set"),
+        _r("bf16", "load", "safetensors"),
+        1.3,
+    ),
+    Goal(
+        "bf16 model in a set: model member size vs the safetensors file",
+        _r("bf16", "size", "tlckpt set", stat="size"),
+        _r("bf16", "size", "safetensors", stat="size"),
+        1.01,
+        caches=W,
+    ),
+    Goal(
+        "open_checkpoint of the bf16 file (256 MiB; quick: 16): MiB read before a tensor is read",
+        _r("bf16", "open", "open_checkpoint", stat="read"),
+        None,
+        1.0,
+        caches=W,
+    ),
+    # Issue #23: the safetensors-layout family standalone.
+    Goal(
+        "bf16 model: save_module_state(.safetensors) vs save_file + fsync",
+        _r("bf16", "save", "tlckpt"),
+        _r("bf16", "save", "safetensors"),
+        1.1,
+        caches=W,
+    ),
+    Goal(
+        "bf16 model: load_module_state(.safetensors) vs load_file + load_state_dict",
+        _r("bf16", "load", "tlckpt"),
+        _r("bf16", "load", "safetensors"),
+        1.0,
     ),
     *(
         Goal(

@@ -1,6 +1,7 @@
 """One workload in its own process, every library in turns: ``python -m bench.group '<spec>'``.
 
-The spec names the group (``big1``, ``big48``, ``small``, ``gpt2``, ``json``, ``inspect``),
+The spec names the group (``big1``, ``big48``, ``small``, ``gpt2``, ``json``, ``inspect``,
+``bf16``),
 the run mode, the repetitions and a scratch folder. The process builds the live state
 (untimed), times every save way in turns, then every load way in turns (each repetition
 preceded by its untimed preparation, ``os.sync()`` and ``gc.collect()``), then checks that
@@ -53,6 +54,10 @@ def build(group: str, size: Size) -> dict:
         return {"module": module, "optimizer": gpt2_optimizer(module)}
     if group == "json":
         return {"values": json_values(size)}
+    if group == "bf16":
+        from bench.bf16 import bf16_model
+
+        return {"module": bf16_model(*size.bf16)}
     return {}
 
 
@@ -129,6 +134,23 @@ def _inspect_group(size: Size, folder: str, reps: int) -> dict:
     }
 
 
+def _bf16_group(live: dict, folder: str, reps: int) -> dict:
+    from bench.bf16 import bf16_ways, member_sizes, open_bytes
+
+    module = live["module"]
+    saves, loads = bf16_ways(module, folder)
+    tensors = unique_tensors(module)
+    out = {
+        "payload_bytes": sum(t.numel() * t.element_size() for t in tensors),
+        "tensor_count": len(module.state_dict()),
+        "times": {"save": interleave(saves, reps), "load": interleave(loads, reps)},
+        "verified": _verify(tensors, loads),
+        "file_bytes": member_sizes(folder),
+        "bytes_read": open_bytes(folder),
+    }
+    return out
+
+
 GROUPS: dict[str, Callable[[dict, Size, str, int], dict]] = {
     "big1": lambda live, s, f, r: _state_group(
         live, f, r, ("raw readinto", "raw preadv x2", "raw mmap+copy_")
@@ -140,6 +162,7 @@ GROUPS: dict[str, Callable[[dict, Size, str, int], dict]] = {
     "gpt2": lambda live, s, f, r: _state_group(live, f, r, ("raw readinto", "raw preadv x2")),
     "json": lambda live, s, f, r: _json_group(live, f, r),
     "inspect": lambda live, s, f, r: _inspect_group(s, f, r),
+    "bf16": lambda live, s, f, r: _bf16_group(live, f, r),
 }
 
 

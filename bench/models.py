@@ -6,7 +6,9 @@
   embedding) built from its configuration by ``transformers``, and an AdamW that took one
   step (moments of every parameter), for the optimizer workload;
 * ``json`` — 4 Mi float32 values as exact-bits JSON words;
-* ``inspect`` — files of 10^6 empty records, alike and of changing shapes.
+* ``inspect`` — files of 10^6 empty records, alike and of changing shapes;
+* ``bf16`` — 32 bf16 ``Linear(2048, 2048)`` (134M parameters, 256 MiB; quick: 8 x 1024):
+  the safetensors layout standalone and in a checkpoint set (:mod:`bench.bf16`).
 
 Every model-state workload is an ``nn.Module``, so each library is driven as users drive it:
 ``state_dict`` / ``load_state_dict`` for the baselines, the module itself for tlckpt.
@@ -31,6 +33,8 @@ class Size:
     gpt2: dict
     json_shape: tuple[int, ...]
     inspect_records: int
+    #: The ``bf16`` group's model: (layers, width) of bf16 ``Linear(width, width)``.
+    bf16: tuple[int, int] = (32, 2048)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -45,6 +49,7 @@ SIZES = {
         {"n_layer": 2, "n_embd": 128, "n_head": 2, "vocab_size": 1000, "n_positions": 128},
         (400, 1024),
         20_000,
+        (8, 1024),
     ),
 }
 

@@ -48,6 +48,10 @@ def _probe(report: dict, ref: Ref, way: str) -> dict | None:
 
 def figure(report: dict, ref: Ref, way: str, cache: str) -> float | None:
     """One way's figure for ``ref`` in ``report`` (warm median or cold probe)."""
+    if ref.stat in ("size", "read"):  # bytes, measured once by the group (MiB)
+        group = report["groups"].get(ref.group) or {}
+        value = group.get("file_bytes" if ref.stat == "size" else "bytes_read", {}).get(way)
+        return None if value is None else value / MIB
     if ref.stat == "memory":
         p = _probe(report, ref, way)
         return None if p is None else p["peak_growth"] / MIB
@@ -74,7 +78,9 @@ def _measure(report: dict, goal: Goal, cache: str) -> tuple[float | None, str]:
     if a is None:
         return None, ""
     if goal.denominator is None:
-        unit = {"per_tensor": " µs", "memory": " MiB", "time": " s"}[goal.numerator.stat]
+        unit = {"per_tensor": " µs", "memory": " MiB", "time": " s", "read": " MiB"}[
+            goal.numerator.stat
+        ]
         return a, f"{a:.2f}{unit}"
     b = goal.denominator.value(report, cache)
     if b is None or b <= 0:

@@ -33,8 +33,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Timed repetitions per group (after one untimed round), all libraries in turns.
 REPS = {
-    "full": {"big1": 5, "big48": 5, "small": 7, "gpt2": 3, "json": 3, "inspect": 3},
-    "quick": {"big1": 2, "big48": 2, "small": 2, "gpt2": 2, "json": 2, "inspect": 2},
+    "full": {"big1": 5, "big48": 5, "small": 7, "gpt2": 3, "json": 3, "inspect": 3, "bf16": 5},
+    "quick": {"big1": 2, "big48": 2, "small": 2, "gpt2": 2, "json": 2, "inspect": 2, "bf16": 2},
 }
 _BIG_LOADS = ("tlckpt staged", "tlckpt in place", "torch", "safetensors")
 #: Fresh-process probes per group: (kind, op, way, cache). Cold loads, and the peak memory
@@ -59,6 +59,7 @@ PROBES: dict[str, list[tuple[str, str, str, str]]] = {
     ],
     "json": [],
     "inspect": [],
+    "bf16": [("state", "load", w, "cold") for w in ("tlckpt set", "tlckpt", "safetensors")],
 }
 #: Scratch space the largest group needs at once (512 MiB x four libraries, and margin).
 DISK_NEEDED = {"full": 6 << 30, "quick": 1 << 30}

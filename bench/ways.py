@@ -52,7 +52,9 @@ def unique_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
 def checksums(tensors: list[torch.Tensor]) -> list[int]:
     """A CRC-32 of each tensor's bytes."""
-    return [zlib.crc32(memoryview(t.detach().contiguous().numpy()).cast("B")) for t in tensors]
+    return [
+        zlib.crc32(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()) for t in tensors
+    ]
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:

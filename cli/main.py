@@ -109,6 +109,13 @@ def _format_for(path: str, explicit: str | None, role: str) -> str:
     if explicit is not None:
         return explicit
     fmt = format_of_path(path)
+    if fmt is None and path.lower().endswith(".tladam"):
+        raise _UsageError(
+            f"{path!r} is an optimizer file: convert converts model state (TLSF32B, JSON,"
+            " safetensors, .pt); an optimizer's state is bound to its model's parameters:"
+            " load it with load_optimizer and write it with save_optimizer (by file suffix:"
+            " .tladam for Adam/AdamW, .safetensors for any optimizer)"
+        )
     if fmt is None:
         known = ", ".join(EXTENSIONS)
         hint = " (or pass --to)" if role == "destination" else ""

@@ -1,9 +1,13 @@
 """The named formats of ``tlckpt convert``: safetensors files and torch state_dicts.
 
-Tensors in these files are known by name. A safetensors file written by tlckpt keeps the
-tensors' order in its ``__metadata__`` entry :data:`ORDER_KEY`; one written by another tool
-does not say which tensor comes first, and is read in name order, marked unordered. ``.pt``
-files are read only with ``torch.load(weights_only=True)``: no code runs.
+Safetensors files are read and written by the repository's own codec
+(:mod:`tlckpt.codec.safetensors`, :mod:`tlckpt.runtime.ops.tensor_files`), never by the
+``safetensors`` package. Tensors in these files are known by name. A safetensors file
+written by tlckpt keeps the tensors' order in its ``__metadata__`` entry :data:`ORDER_KEY`;
+one written by another tool does not say which tensor comes first, and is read in name
+order, marked unordered. Tied names (``other → kept`` entries, as ``save_model`` writes them)
+stand for their kept tensor. Optimizer trees and state trees are refused. ``.pt`` files are
+read only with ``torch.load(weights_only=True)``: no code runs.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from ..codec import (
     UnsupportedFormatError,
     atomic_output,
 )
-from ..codec.fileio.source import open_regular
-from ..optional import require
+from ..codec.fileio.source import open_regular, open_source
+from ..codec.safetensors.reader import read_header
+from ..formats.optimizer_tree import DOCUMENT_KEY
 from .tensor_state import State, from_torch, label, to_torch, torch_module
 
 __all__ = [
@@ -31,7 +36,8 @@ __all__ = [
     "NAMED_READERS",
     "read_safetensors",
     "read_pt",
-    "safetensors_module",
+    "safetensors_names",
+    "TREE_KEYS",
     "stored_order",
     "names_for",
     "write_named",
@@ -40,34 +46,75 @@ __all__ = [
 #: safetensors ``__metadata__`` key holding the tensors' order (a JSON list of names).
 ORDER_KEY = "tlckpt.order"
 
+#: ``__metadata__`` keys of the safetensors files that are not model state: what each is, and
+#: what reads it instead (``tlckpt.state`` is ``runtime.ops.state_trees.STATE_KEY``, named
+#: here without importing torch).
+TREE_KEYS = (
+    (DOCUMENT_KEY, "an optimizer's state (an optimizer tree)", "load it with load_optimizer"),
+    ("tlckpt.state", "a state tree", "load it with load_state"),
+)
+
 #: Encodings torch has and safetensors 0.8 does not (its dtype table lacks them).
 SAFETENSORS_MISSING = frozenset({"complex128", "complex32"})
 
 
-def read_safetensors(path: str | os.PathLike) -> State:
-    torch_module()
-    safetensors = safetensors_module()
+def _refuse_trees(path: str | os.PathLike, header: Any) -> None:
+    """A safetensors file that is not model state (an optimizer tree, a state tree) keeps its
+    structure in ``__metadata__``, which no target format of ``convert`` holds: refused."""
+    metadata = header.metadata or {}
+    for key, what, how in TREE_KEYS:
+        if key in metadata:
+            raise ConfigError(
+                f"this safetensors file is {what}, not model state: its structure lives in its"
+                f" __metadata__ ({key!r}), which convert's formats do not hold; {how}",
+                path=path,
+                field=f"__metadata__.{key}",
+            )
+
+
+def safetensors_names(path: str | os.PathLike) -> tuple[list[str], dict[str, str], str | None]:
+    """The tensor names of a safetensors file of model state (header order), the tied names
+    its ``__metadata__`` records (``other → kept``, as ``save_model`` and
+    ``save_module_state`` write them) and its :data:`ORDER_KEY` entry (``None`` if absent).
+
+    Raises:
+        CheckpointError: not a valid safetensors file, or not model state.
+    """
     open_regular(path).close()  # a FIFO or a device is refused, never handed to the reader
     try:
-        with safetensors.safe_open(os.fspath(path), framework="pt") as f:
-            keys = list(f.keys())
-            stored = (f.metadata() or {}).get(ORDER_KEY)
-            # Without tlckpt's order the file does not say which tensor comes first: name
-            # order here, marked unordered (a positional target then needs the order given).
-            order = sorted(keys) if stored is None else stored_order(path, stored, keys)
-            tensors = [from_torch(k, f.get_tensor(k)) for k in order]
-    except safetensors.SafetensorError as exc:
-        raise MalformedError(
-            f"not a readable safetensors file: {exc}", path=path, field="header"
-        ) from None
+        with open_source(path) as src:
+            header = read_header(src)
+    except CheckpointError as exc:
+        raise exc.with_path(path) from None
+    _refuse_trees(path, header)
+    metadata = header.metadata or {}
+    tied = {
+        k: v
+        for k, v in metadata.items()
+        if k != ORDER_KEY and k not in header.entries and v in header.entries
+    }
+    return list(header.entries), tied, metadata.get(ORDER_KEY)
+
+
+def read_safetensors(path: str | os.PathLike) -> State:
+    """A safetensors file of model state, read exactly by the repository's own reader; a
+    tied name (metadata ``other → kept``) stands for its kept tensor."""
+    torch_module()
+    from ..runtime.ops.tensor_files import read_entry
+
+    keys, tied, stored = safetensors_names(path)
+    names = keys + list(tied)
+    # Without tlckpt's order the file does not say which tensor comes first: name order
+    # here, marked unordered (a positional target then needs the order given).
+    order = sorted(names) if stored is None else stored_order(path, stored, names)
+    try:
+        with open_source(path) as src:
+            header = read_header(src)
+            read = {k: read_entry(src, header, header.entries[k]) for k in keys}
+    except CheckpointError as exc:
+        raise exc.with_path(path) from None
+    tensors = [from_torch(k, read[tied.get(k, k)]) for k in order]
     return State(tensors, None, named=True, ordered=stored is not None)
-
-
-def safetensors_module() -> Any:
-    require("safetensors.torch", "converting safetensors files")
-    import safetensors
-
-    return safetensors
 
 
 def stored_order(path: str | os.PathLike, stored: str, keys: list[str]) -> list[str]:
@@ -150,11 +197,10 @@ def write_named(state: State, path: str | os.PathLike, fmt: str, names: list[str
     if len(set(names)) != len(names):
         raise CheckpointError("tensor names are not unique", field="names")
     if fmt == "safetensors":
-        save = safetensors_module().torch.save
+        from ..runtime.ops.tensor_files import save_tensors
 
-        data = save(dict(zip(names, tensors)), metadata={ORDER_KEY: orjson.dumps(names).decode()})
-        with atomic_output(path) as f:
-            f.write(data)
+        metadata = {ORDER_KEY: orjson.dumps(names).decode()}
+        save_tensors(dict(zip(names, tensors)), path, metadata=metadata)
     else:
         with atomic_output(path) as f:
             torch.save(collections.OrderedDict(zip(names, tensors)), f)

@@ -15,7 +15,7 @@ from typing import Any
 from ..codec import CheckpointError, MalformedError, SchemaMismatchError
 from ..codec.fileio.source import open_regular
 from .file_formats import POSITIONAL, format_of_path
-from .named_formats import NAMED_READERS, ORDER_KEY, read_pt, safetensors_module, stored_order
+from .named_formats import NAMED_READERS, ORDER_KEY, read_pt, safetensors_names, stored_order
 from .tensor_state import State
 
 __all__ = ["NameSource", "label_of", "names_in", "in_order", "names_from_reference"]
@@ -46,20 +46,13 @@ def _names_in_file(path: str | os.PathLike) -> list[str]:
     where = os.fspath(path)
     fmt = format_of_path(path)
     if fmt == "safetensors":
-        safetensors = safetensors_module()
-        try:
-            with safetensors.safe_open(where, framework="numpy") as f:
-                keys, stored = list(f.keys()), (f.metadata() or {}).get(ORDER_KEY)
-        except safetensors.SafetensorError as exc:
-            raise MalformedError(
-                f"not a readable safetensors file: {exc}", path=path, field="header"
-            ) from None
+        keys, tied, stored = safetensors_names(path)
         if stored is None:
             raise CheckpointError(
                 f"{where} has no {ORDER_KEY!r} metadata either: its order is not known",
                 field="names-from",
             )
-        return stored_order(path, stored, keys)
+        return stored_order(path, stored, keys + list(tied))
     if fmt == "pt":
         ref = read_pt(path)
         if not ref.named:

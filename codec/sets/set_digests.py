@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any, BinaryIO
 
+from ..fileio.transfer import plain_fd
 from ..sniffing import HEAD_BYTES
 from .set_keys import SetKey, member_hash
 
@@ -20,6 +21,7 @@ __all__ = [
     "HASH_CHUNK",
     "PARALLEL_DIGEST_BYTES",
     "GAP_BYTES",
+    "PIPELINED_READ_BYTES",
     "DigestingWriter",
     "DigestingReader",
     "hash_file",
@@ -190,6 +192,9 @@ def hash_file(file: BinaryIO, size: int, key: SetKey | None = None) -> tuple[str
     return h.hexdigest(), length
 
 
+#: From this size on a read through :class:`DigestingReader` is pipelined with its hashing.
+PIPELINED_READ_BYTES = 2 * HASH_CHUNK
+
 #: A read this close past the hashed prefix first hashes the bytes in between (a record's
 #: header between two payloads); a longer jump is left for :meth:`DigestingReader.finish`,
 #: where it is hashed once (a checking pass that skips payloads would otherwise hash them
@@ -247,10 +252,47 @@ class DigestingReader:
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
+        fd = plain_fd(self.file)
+        if view.nbytes >= PIPELINED_READ_BYTES and fd is not None and self.pos == self.hashed:
+            return self._pipelined(fd, view)
         n = self.file.readinto(view) or 0
         self._consume(self.pos, view[:n])
         self.pos += n
         return n
+
+    def _pipelined(self, fd: int, view: memoryview) -> int:
+        """A large read that extends the hashed prefix: chunk ``k`` is hashed by the digest
+        thread while this thread reads chunk ``k + 1`` (both release the GIL), updates in
+        order; it returns once every byte read is hashed (a safetensors member's one read
+        of its data region: the hash costs no time where a second core is free)."""
+        got, pending = 0, None
+        try:
+            while got < view.nbytes:
+                part = view[got : got + HASH_CHUNK]
+                n = os.preadv(fd, [part], self.pos + got)
+                if pending is not None:
+                    pending.result()
+                    pending = None
+                    self.hashed = self.pos + got
+                if not n:
+                    break
+                worker = _digest_thread()
+                if worker is None:
+                    self.hash.update(part[:n])
+                    self.hashed = self.pos + got + n
+                else:
+                    pending = worker.submit(self.hash.update, part[:n])
+                got += n
+            if pending is not None:
+                pending.result()
+                pending = None
+                self.hashed = self.pos + got
+        finally:
+            if pending is not None:  # an error in this thread: the job still ends first
+                pending.done.wait()
+        self.pos += got
+        self.file.seek(self.pos)
+        return got
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self.pos = self.file.seek(offset, whence)

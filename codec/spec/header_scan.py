@@ -68,6 +68,13 @@ def scan_decoded(
     Does not move the source's tracked position (the file's own position may move).
     """
     pos = window.src.pos
+    # The first record decoded from a page first: a large record (a tensor's payload) is
+    # walked, its payload sought over, instead of read with a chunk (``open_checkpoint`` of
+    # a file of large tensors would read a chunk per record; issue #21: <= 1 MiB).
+    head, q = window.view(pos, MAX_STRIDE)
+    layout = decode_layout(step, head, q, parent, first)
+    if layout is None or layout.stride > MAX_STRIDE:
+        return None
     buf, p = window.view(pos, batches.CHUNK_BYTES)  # read at call time (tests shrink it)
     start, end = p, len(buf)
     kinds: list[int] = []

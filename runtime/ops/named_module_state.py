@@ -10,7 +10,8 @@ module read each other's files.
 Loading is planned, then committed (:mod:`.plans`): the header is checked whole; each model
 name is matched to a file tensor (its own, or the kept name its metadata entry points to);
 dtypes and shapes must be equal (no silent conversion); every needed tensor is read into
-fresh memory on the live tensor's device; only then are all values copied in, with Ctrl-C
+fresh memory in one pass in file order (:mod:`.entry_staging`), then moved to the live
+tensor's device; only then are all values copied in, with Ctrl-C
 held back. A file tensor feeding names the live model ties must not disagree with another.
 """
 
@@ -25,8 +26,9 @@ from ...codec.fileio.source import PathOrFile, open_source
 from ...codec.safetensors import Header, write_safetensors
 from ...codec.safetensors.reader import read_header
 from ..commit.plans import StatePlan
+from .entry_staging import AdoptingPlan, stage_entries
 from .state_tensors import ModuleOrTensors, NamedTensors, state_tensors, tied_copies
-from .tensor_files import read_entry, tensor_data, torch_dtype, torch_shape
+from .tensor_files import tensor_data, torch_dtype, torch_shape
 
 __all__ = ["save_named_state", "plan_named_load"]
 
@@ -115,9 +117,7 @@ def plan_named_load(
         for name, live in named:
             if name in sources:
                 _check_fits(name, live, header, sources[name])
-        staged: dict[str, torch.Tensor] = {}
-        for source in dict.fromkeys(sources.values()):
-            staged[source] = read_entry(src, header, header.entries[source])
+        staged = stage_entries(src, header, sources.values())
     copies = tied_copies(named)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for i, (name, live) in enumerate(named):
@@ -135,7 +135,7 @@ def plan_named_load(
                 )
             continue
         pairs.append((live, _to_device(value, live)))
-    return StatePlan(pairs), missing, unexpected
+    return AdoptingPlan(pairs), missing, unexpected
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

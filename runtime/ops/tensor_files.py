@@ -117,7 +117,10 @@ def _host_bytes(tensor: torch.Tensor) -> np.ndarray:
     host = tensor.detach()
     if host.device.type != "cpu":
         host = host.cpu()
-    return host.contiguous().reshape(-1).view(torch.uint8).numpy()
+    flat = host.contiguous().reshape(-1)
+    # A one-element tensor counts as contiguous whatever its stride (an expanded scalar's is
+    # 0), and ``view(uint8)`` needs stride 1: the same memory, restrided.
+    return flat.as_strided(flat.shape, (1,)).view(torch.uint8).numpy()
 
 
 def tensor_data(tensor: Any, name: str) -> TensorData:

@@ -8,7 +8,7 @@ import torch
 
 import tlckpt
 from tlckpt import CheckpointError, ConfigError, SchemaMismatchError
-from tlckpt.runtime.ops import named_module_state
+from tlckpt.runtime.ops import entry_staging
 
 st = pytest.importorskip("safetensors.torch")
 
@@ -113,7 +113,7 @@ def test_an_interrupt_while_planning_changes_nothing(tmp_path, monkeypatch) -> N
     model = Tied()
     before = _state(model)
     calls = []
-    real = named_module_state.read_entry
+    real = entry_staging.torch_shape  # called for each tensor as its run is read
 
     def interrupted(*args):
         calls.append(1)
@@ -121,7 +121,7 @@ def test_an_interrupt_while_planning_changes_nothing(tmp_path, monkeypatch) -> N
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(named_module_state, "read_entry", interrupted)
+    monkeypatch.setattr(entry_staging, "torch_shape", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tlckpt.load_module_state(model, path)
     assert _state(model) == before

@@ -371,3 +371,27 @@ def test_a_front_to_back_load_is_hashed_as_it_reads(tmp_path: Path) -> None:
             reader.readinto(bytearray(5 * GAP_BYTES))
         assert reader.hashed == len(data)
         assert reader.finish()[0] == xxhash.xxh3_128(data).hexdigest()
+
+
+@pytest.mark.parametrize("head", [0, 100], ids=["from-the-start", "after-a-header"])
+def test_a_large_read_is_hashed_by_the_digest_thread_as_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head: int
+) -> None:
+    """A read of at least PIPELINED_READ_BYTES that extends the hashed prefix is read in
+    chunks, each hashed while the next is read: the same bytes and digest, nothing left
+    for finish, the handle's position after the bytes read."""
+    from tlckpt.codec.sets import set_digests
+
+    monkeypatch.setattr(set_digests, "HASH_CHUNK", 1000)  # many chunks from a small file
+    monkeypatch.setattr(set_digests, "PIPELINED_READ_BYTES", 2000)
+    data = np.random.default_rng(3).bytes(head + 7_531)
+    path = tmp_path / "member"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        reader = DigestingReader(f)
+        assert reader.read(head) == data[:head]
+        buffer = bytearray(len(data) - head)
+        assert reader.readinto(buffer) == len(buffer)
+        assert bytes(buffer) == data[head:]
+        assert reader.hashed == len(data) and reader.tell() == len(data) == f.tell()
+        assert reader.finish() == (xxhash.xxh3_128(data).hexdigest(), len(data))

@@ -283,6 +283,31 @@ def test_one_sgd_optimizer_is_a_version_2_set(tmp_path: Path) -> None:
     )
 
 
+def test_an_optimizer_tree_named_tladam_by_an_older_writer_still_restores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sets written before optimizer-tree members were named ``.safetensors`` called them
+    ``optimizer.tladam``: they verify, are described by their family, and restore."""
+    from tlckpt.runtime.sets import multi_set_writing
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 3)
+    opt = torch.optim.RMSprop(model.parameters(), lr=0.01)
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    with monkeypatch.context() as patched:
+        patched.setattr(multi_set_writing, "SAFETENSORS", ".tladam")  # the older name
+        folder = save_checkpoint(tmp_path / "s", model=model, optimizer=opt)
+    record = verify_checkpoint(folder).members["optimizer"]
+    assert (record.file, record.family) == ("optimizer.tladam", "optimizer_tree")
+    fresh = torch.nn.Linear(3, 3)
+    fresh_opt = torch.optim.RMSprop(fresh.parameters(), lr=0.01)
+    load_checkpoint(folder, model=fresh, optimizer=fresh_opt)
+    assert torch.equal(
+        fresh_opt.state[fresh.weight]["square_avg"], opt.state[model.weight]["square_avg"]
+    )
+
+
 def test_bf16_model_member_is_the_safetensors_file(tmp_path: Path) -> None:
     safetensors_torch = pytest.importorskip("safetensors.torch")
     torch.manual_seed(0)
