@@ -83,9 +83,9 @@ def save_checkpoint(
         model_format: each model member's family: ``"auto"`` (``TLSF32B`` for a float32
             model, the safetensors layout otherwise), ``"torchlean"`` (``TLSF32B`` or
             exact-bits JSON: files TorchLean reads), ``"safetensors"``. A set of one model
-            in a TorchLean family, at most one Adam/AdamW optimizer and one scheduler, each
-            given as one object, is a version-1 set (as earlier versions wrote); any other
-            is version 2 (docs/format.md §7).
+            in a TorchLean family without tied tensors, at most one Adam/AdamW optimizer
+            and one scheduler, each given as one object, is a version-1 set (as earlier
+            versions wrote); any other is version 2 (docs/format.md §7).
         storage_options: for a URL, the fsspec filesystem's options (endpoint,
             credentials…).
 

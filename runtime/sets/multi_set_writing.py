@@ -3,8 +3,8 @@
 version-2 manifest (:mod:`tlckpt.codec.sets.set_manifest_v2`); restored by
 :mod:`.multi_set_restoring`.
 
-A set that version 1 describes — one model in a TorchLean family, at most one Adam/AdamW
-optimizer and one scheduler, each given as one object — is written by
+A set that version 1 describes — one model in a TorchLean family without tied tensors, at most
+one Adam/AdamW optimizer and one scheduler, each given as one object — is written by
 :mod:`.set_writing` as before (byte-identical, readable by earlier versions);
 :func:`set_source` decides. Everything else is written here: each model member in its family
 (``TLSF32B``, exact-bits JSON, or the safetensors layout with tied tensors once), each
@@ -93,7 +93,18 @@ def _version_1(models: Role, optimizers: Role, schedulers: Role, families: list[
         and optimizers.kind in (None, "single")
         and all(is_adam(o) for o in optimizers.objects())
         and schedulers.kind in (None, "single")
+        and not _has_ties(models.objects()[0])
     )
+
+
+def _has_ties(model: Any) -> bool:
+    """Whether a local model has tied tensors (one tensor under several names, GPT-2's
+    ``lm_head.weight`` and ``transformer.wte.weight``): version 1's manifest cannot record
+    which names are tied, and exporting the set as Hugging Face does (one name kept) needs
+    that record — equal values are no proof of a tie. Such a set is written as version 2."""
+    if placement_for(model) is not LOCAL:
+        return False  # sharded models: version 1, as before (ties are not sharded)
+    return bool(tied_copies(state_tensors(model)))
 
 
 def _scheduler_state(schedulers: Role) -> Any:

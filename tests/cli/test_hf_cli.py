@@ -43,8 +43,13 @@ def test_export_hf_of_a_set(capsys, tmp_path):
 
 
 def test_export_hf_warns_where_ties_are_unknown(capsys, tmp_path):
+    # A set of one float32 model as earlier versions wrote it (version 1, ties unrecorded);
+    # this version writes a tied model's set as version 2.
+    from tlckpt.runtime.sets.set_writing import live_source, write_set
+
     m = model().float()
-    tlckpt.CheckpointManager(tmp_path / "ckpt").save(1, model=m)  # float32: version 1
+    (tmp_path / "ckpt").mkdir()
+    write_set(tmp_path / "ckpt" / f"step-{1:020d}", 1, live_source(1, m, None, None, None, None))
     code, _, err = run(capsys, "export-hf", tmp_path / "ckpt", tmp_path / "ours")
     assert code == 0 and "warning" in err and "records no tied names" in err
     assert len(err.strip().splitlines()) == 1

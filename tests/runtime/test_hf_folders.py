@@ -30,6 +30,7 @@ from tlckpt import (  # noqa: E402
     save_module_state,
 )
 from tlckpt.runtime.ops import tensor_files  # noqa: E402
+from tlckpt.runtime.sets.set_writing import live_source, write_set  # noqa: E402
 
 SHARD = "20KB"  # the tiny GPT-2 in 9 shards
 
@@ -126,10 +127,35 @@ def test_single_file_and_from_pretrained(tmp_path):
     assert state_bits(loaded) == state_bits(model)
 
 
+def test_a_default_float32_set_of_a_tied_model_exports_as_huggingface_hub_saves_it(tmp_path):
+    # A float32 model is written as TLSF32B; its ties make the set version 2, which records
+    # them (version 1 cannot), so the export drops the tied name as huggingface_hub does.
+    model = gpt2(4)
+    theirs = reference(model, tmp_path / "hub")
+    manager = CheckpointManager(tmp_path / "ckpt")
+    manager.save(1, model=model)
+    manifest = json.loads(
+        (manager.directory / os.listdir(manager.directory)[0] / "manifest.json").read_bytes()
+    )
+    assert manifest["version"] == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_hf(tmp_path / "ckpt", tmp_path / "ours", max_shard_size=SHARD)
+    assert_same_folder(tmp_path / "ours", theirs)
+    fresh = gpt2(5)
+    manager.restore(model=fresh)
+    assert state_bits(fresh) == state_bits(model)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
+
+
 def test_a_version_1_set_records_no_ties(tmp_path):
+    # Sets written before version 2 recorded ties: one float32 model, as version 1.
     model = gpt2(3)
     theirs = reference(model, tmp_path / "hub")
-    CheckpointManager(tmp_path / "ckpt").save(1, model=model)  # float32: TLSF32B, version 1
+    step = 1
+    path = tmp_path / "ckpt" / f"step-{step:020d}"
+    path.parent.mkdir()
+    write_set(path, step, live_source(step, model, None, None, None, None))
     with pytest.warns(TiesUnknownWarning, match="records no tied names"):
         export_hf(tmp_path / "ckpt", tmp_path / "untied", max_shard_size=SHARD)
     index = json.loads((tmp_path / "untied" / "model.safetensors.index.json").read_text())
