@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,14 +25,11 @@ import torch
 
 from ...codec.fileio.source import Source
 from ...codec.safetensors import Header, TensorEntry
-from ..commit.plans import StatePlan, committing, overwrite
 from .tensor_files import read_entry, torch_dtype, torch_shape
 
 __all__ = [
     "stage_entries",
     "StagingRegion",
-    "AdoptingPlan",
-    "adoptable",
     "free_huge_blocks",
     "HUGE_PAGE",
     "REGION_MIN_BYTES",
@@ -158,53 +154,3 @@ def stage_entries(src: Source, header: Header, names: Iterable[str]) -> dict[str
         if entry.name not in out:  # empty, or not aligned for its dtype
             out[entry.name] = read_entry(src, header, entry)
     return out
-
-
-#: The reference count of a storage (private torch API: where it is missing, values are
-#: always copied).
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _pinned(t: torch.Tensor) -> bool:
-    if torch.cuda.is_available() and not torch.cuda.is_initialized():
-        return False  # pinning initializes CUDA: nothing is pinned yet (asking would initialize)
-    return t.is_pinned()
-
-
-def adoptable(live: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether ``live`` can take ``value``'s storage instead of a copy of its bytes, with no
-    one able to tell but by its address: ``live`` is a plain CPU tensor or parameter owning
-    all of its storage, which nothing else references (no view, no ``.data`` alias, not
-    shared between processes, not pinned); ``value`` owns all of its storage too."""
-    if _USE_COUNT is None or type(live) not in (torch.Tensor, torch.nn.Parameter):
-        return False
-    if live.device.type != "cpu" or value.device.type != "cpu" or live.is_inference():
-        return False
-    if live.dtype != value.dtype or live.shape != value.shape or live._base is not None:
-        return False
-    for t in (live, value):
-        if not t.is_contiguous() or t.storage_offset() or t.untyped_storage().nbytes() != t.nbytes:
-            return False
-    if live.is_shared() or _pinned(live):
-        return False
-    storage = live.untyped_storage()
-    return _USE_COUNT(storage._cdata) == 2  # ``live`` and ``storage`` here: nothing else
-
-
-class AdoptingPlan(StatePlan):
-    """New values staged by :func:`stage_entries`, committed without a second copy where
-    possible: a live tensor takes its value's storage (``set_``) where :func:`adoptable`,
-    and is copied into otherwise (a value feeding several live tensors is copied into each).
-
-    The commit is the same one step (Ctrl-C held back, autograd off): ``set_`` and
-    ``copy_`` do not fail for a reason of the file's.
-    """
-
-    def commit(self) -> None:
-        uses = Counter(id(value) for _, value in self.pairs)
-        with committing():
-            for live, value in self.pairs:
-                if uses[id(value)] == 1 and adoptable(live, value):
-                    live.set_(value)
-                else:
-                    overwrite(live, value)

@@ -26,7 +26,7 @@ from ...codec.fileio.source import PathOrFile, open_source
 from ...codec.safetensors import Header, write_safetensors
 from ...codec.safetensors.reader import read_header
 from ..commit.plans import StatePlan
-from .entry_staging import AdoptingPlan, stage_entries
+from .entry_staging import stage_entries
 from .state_tensors import ModuleOrTensors, NamedTensors, state_tensors, tied_copies
 from .tensor_files import tensor_data, torch_dtype, torch_shape
 
@@ -135,7 +135,10 @@ def plan_named_load(
                 )
             continue
         pairs.append((live, _to_device(value, live)))
-    return AdoptingPlan(pairs), missing, unexpected
+    # Copied into the live tensors, never by giving them the staged storages: code that holds
+    # a parameter's memory (DDP's reducer, CUDA graphs, pinned views) must see the new
+    # values where the old ones were — a load that swapped storages broke a DDP resume.
+    return StatePlan(pairs), missing, unexpected
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
