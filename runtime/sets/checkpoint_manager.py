@@ -46,7 +46,7 @@ from ...codec.sets.set_keys import as_key
 from .multi_set_writing import StructuredSource, set_source, snapshot_structured, write_any
 from .set_restoring import Restored, Targets, restore_latest, restore_set
 from .set_structure import MODEL_FORMATS
-from .set_writing import snapshot_source
+from .set_writing import SetSource, snapshot_source, write_set
 from .snapshot import Snapshotter
 
 __all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
@@ -267,6 +267,7 @@ class CheckpointManager:
         self._snapshotter = Snapshotter()
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
+        self._group: Any = None  # a sharded background save's process group, made once
 
     # ------------------------------------------------------------------ saving
 
@@ -319,11 +320,11 @@ class CheckpointManager:
                     str(set_path(self.directory, step)),
                 )
             fmt = self.model_format
+            target = set_path(self.directory, step)
             if blocking:
                 source = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
-                target = set_path(self.directory, step)
                 path = write_any(target, step, source, overwrite=overwrite, key=self._key)
-                self._retain(step)
+                self._after_commit(step, source)
                 return _finished(step, path)
             live = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
             snapshot: Any
@@ -332,18 +333,66 @@ class CheckpointManager:
             else:
                 snapshot = self._snapshotter.capture(model, optimizer)
                 source = snapshot_source(live, snapshot)
+            if not isinstance(source, StructuredSource) and source.sharded:
+                background = self._sharded_writer(step, target, source, snapshot, overwrite)
+            else:
 
-            def background() -> Path:
-                snapshot.wait()
-                target = set_path(self.directory, step)
-                path = write_any(target, step, source, overwrite=overwrite, key=self._key)
-                self._retain(step)
-                return path
+                def background() -> Path:
+                    snapshot.wait()
+                    path = write_any(target, step, source, overwrite=overwrite, key=self._key)
+                    self._retain(step)
+                    return path
 
             handle = SaveHandle(step, Future(), self.directory)
             _start_writer(background, handle)
             self._pending = handle
             return handle
+
+    def _sharded_writer(
+        self, step: int, target: Path, source: SetSource, snapshot: Any, overwrite: bool
+    ) -> Callable[[], Path]:
+        """The background work of a sharded save, on every rank: its collectives run over
+        the manager's own process group (made here, on the calling thread, at the first
+        such save: every rank calls ``save`` in the same order), never the trainer's; a
+        failure on any rank, copies included, is raised by every rank's handle."""
+        from ..placement.collectives import new_saving_group
+
+        if self._group is None:
+            self._group = new_saving_group()
+        group = self._group
+
+        def background() -> Path:
+            failed: BaseException | None = None
+            try:
+                snapshot.wait()
+            except Exception as exc:  # every rank raises it, through the save's first verdict
+                failed = exc
+            path = write_set(
+                target,
+                step,
+                source,
+                overwrite=overwrite,
+                key=self._key,
+                group=group,
+                failed=failed,
+            )
+            self._after_commit(step, source, group)
+            return path
+
+        return background
+
+    def _after_commit(self, step: int, source: Any, group: Any = None) -> None:
+        """Retention after ``step`` was committed: a sharded set's by rank 0 alone, every
+        rank waiting for it (so that every rank then lists the same sets)."""
+        if isinstance(source, StructuredSource) or not source.sharded:
+            self._retain(step)
+            return
+        from ..placement.collectives import bound_group, is_writer, share_verdict
+
+        with bound_group(group):
+            if is_writer():
+                self._retain(step)
+            share_verdict(None)
 
     def wait(self) -> None:
         """Block until no save is in flight.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,8 @@ def live_source(
 
 def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
     """``live`` with a snapshot's copies, taken at the call, in place of the live objects
-    (a background save: the copies are written by this process alone).
+    (a background save; a sharded model's copies are DTensors over each rank's own shard
+    copies, written by every rank as the live ones are).
 
     Args:
         live: the source over the live objects (:func:`live_source`).
@@ -101,21 +104,60 @@ def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
         model=snapshot.state,
         params=snapshot.params,
         optimizer=snapshot.optimizer,
-        sharded=False,
     )
 
 
+class _Refusing:
+    """What the writer rank writes a member into when the member's file could not be
+    created: every write raises that error, inside the operation, whose verdict then raises
+    it on every rank (the other ranks are in the operation's collectives meanwhile)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __getattr__(self, name: str) -> Any:
+        raise self.error  # write, flush, tell...: whatever the operation asks first
+
+
+@contextlib.contextmanager
+def _contained(member: Any, deferred: list[BaseException]) -> Iterator[Any]:
+    """A sharded set's member on the writer rank: a failure to create it or to make it
+    durable is kept for a verdict (raised on every rank), never raised here, where the
+    other ranks could not follow it out of the operation's collectives."""
+    try:
+        f = member.__enter__()
+    except Exception as exc:
+        yield _Refusing(exc)
+        return
+    try:
+        yield f
+    except BaseException:
+        member.__exit__(*sys.exc_info())  # removes nothing: the set's folder is temporary
+        raise
+    try:
+        member.__exit__(None, None, None)  # flush, fsync, record
+    except Exception as exc:
+        deferred.append(exc)
+
+
 @without_gc
-def _write_members(writer: SetWriter | None, source: SetSource, target: Path) -> None:
+def _write_members(
+    writer: SetWriter | None,
+    source: SetSource,
+    target: Path,
+    deferred: list[BaseException] | None = None,
+) -> None:
     """Every member through the save operations, over the placement of the model (sharded:
     every rank takes part); ``writer`` is ``None`` on a rank that does not touch the files
-    (it takes part in the collectives only)."""
+    (it takes part in the collectives only). With ``deferred`` (sharded), the writer rank's
+    failures outside the operations are appended to it instead of raised."""
     placement: Placement = placement_for(source.model)
 
     def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
         if writer is None:
             return contextlib.nullcontext(target / file)  # never opened on this rank
-        return writer.member(role, file, version, family)
+        member = writer.member(role, file, version, family)
+        return member if deferred is None else _contained(member, deferred)
 
     model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
     model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
@@ -127,13 +169,18 @@ def _write_members(writer: SetWriter | None, source: SetSource, target: Path) ->
     if source.optimizer is not None:
         with destination("optimizer", OPTIMIZER_FILE) as f:
             version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
-        if writer is not None:
+        if writer is not None and "optimizer" in writer.members:
             writer.set_version("optimizer", version)
     if writer is not None:
-        with writer.member(
-            "training_state", TRAINING_STATE_FILE, TRAINING_STATE_VERSION, TRAINING_STATE_FAMILY
-        ) as f:
-            f.write(source.training_state)
+        try:
+            with writer.member(
+                "training_state", TRAINING_STATE_FILE, TRAINING_STATE_VERSION, TRAINING_STATE_FAMILY
+            ) as f:
+                f.write(source.training_state)
+        except Exception as exc:
+            if deferred is None:
+                raise
+            deferred.append(exc)
 
 
 def write_set(
@@ -143,9 +190,17 @@ def write_set(
     *,
     overwrite: bool = False,
     key: Any = None,
+    group: Any = None,
+    failed: BaseException | None = None,
 ) -> Path:
     """Write and commit the set of ``step`` as the folder ``path`` (see the module
     docstring); signed with ``key`` (32 bytes, or a ``SetKey``) when given.
+
+    Args:
+        group: a sharded set's process group (every rank of the default group, in rank
+            order): a background save's own; ``None``: the default group.
+        failed: a sharded set only: this rank failed before the save began (the
+            snapshot's copies); every rank raises it, nothing is written.
 
     Returns:
         The committed set's folder.
@@ -156,32 +211,44 @@ def write_set(
         OSError: from the file system; nothing is committed.
     """
     if not source.sharded:
+        if failed is not None:
+            raise failed
         with SetWriter(path, step, overwrite=overwrite, key=key) as writer:
             _write_members(writer, source, Path(writer.path))
             return writer.commit(source.state)
-    return _write_sharded(path, step, source, overwrite, key)
+    from ..placement.collectives import bound_group
+
+    with bound_group(group):
+        return _write_sharded(path, step, source, overwrite, key, failed)
 
 
 def _write_sharded(
-    path: str | os.PathLike, step: int, source: SetSource, overwrite: bool, key: Any = None
+    path: str | os.PathLike,
+    step: int,
+    source: SetSource,
+    overwrite: bool,
+    key: Any = None,
+    failed: BaseException | None = None,
 ) -> Path:
     """Every rank writes its part through the collective save functions; rank 0 commits
     the manifest once every rank has confirmed (every member's bytes pass through rank 0's
-    digesting writers, keyed when the set is signed)."""
+    digesting writers, keyed when the set is signed). A failure on any rank, at any step,
+    is raised on every rank, and nothing is committed."""
     from ..placement.collectives import is_writer, share_verdict, world_size
 
     with contextlib.ExitStack() as stack:
         writer: SetWriter | None = None
-        error: BaseException | None = None
-        if is_writer():
+        error: BaseException | None = failed
+        if is_writer() and error is None:
             try:
                 writer = stack.enter_context(SetWriter(path, step, overwrite=overwrite, key=key))
             except Exception as exc:  # shared below: every rank raises it
                 error = exc
         share_verdict(error)
         target = Path(writer.path) if writer is not None else Path(path)
-        _write_members(writer, source, target)  # collectives: every rank, same order
-        share_verdict(None)  # every rank's part is written
+        deferred: list[BaseException] = []
+        _write_members(writer, source, target, deferred)  # collectives: every rank, same order
+        share_verdict(deferred[0] if deferred else None)  # every rank's part is written
         error = None
         final = Path(path)
         if writer is not None:
