@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -107,39 +105,6 @@ def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
     )
 
 
-class _Refusing:
-    """What the writer rank writes a member into when the member's file could not be
-    created: every write raises that error, inside the operation, whose verdict then raises
-    it on every rank (the other ranks are in the operation's collectives meanwhile)."""
-
-    def __init__(self, error: BaseException):
-        self.error = error
-
-    def __getattr__(self, name: str) -> Any:
-        raise self.error  # write, flush, tell...: whatever the operation asks first
-
-
-@contextlib.contextmanager
-def _contained(member: Any, deferred: list[BaseException]) -> Iterator[Any]:
-    """A sharded set's member on the writer rank: a failure to create it or to make it
-    durable is kept for a verdict (raised on every rank), never raised here, where the
-    other ranks could not follow it out of the operation's collectives."""
-    try:
-        f = member.__enter__()
-    except Exception as exc:
-        yield _Refusing(exc)
-        return
-    try:
-        yield f
-    except BaseException:
-        member.__exit__(*sys.exc_info())  # removes nothing: the set's folder is temporary
-        raise
-    try:
-        member.__exit__(None, None, None)  # flush, fsync, record
-    except Exception as exc:
-        deferred.append(exc)
-
-
 @without_gc
 def _write_members(
     writer: SetWriter | None,
@@ -147,17 +112,31 @@ def _write_members(
     target: Path,
     deferred: list[BaseException] | None = None,
 ) -> None:
-    """Every member through the save operations, over the placement of the model (sharded:
-    every rank takes part); ``writer`` is ``None`` on a rank that does not touch the files
-    (it takes part in the collectives only). With ``deferred`` (sharded), the writer rank's
-    failures outside the operations are appended to it instead of raised."""
+    """Every member through the save operations, over the placement of the model.
+
+    One process (``deferred`` is ``None``): each member streams through ``writer``'s
+    digesting writers. Sharded (``deferred`` a list): every rank passes the member's path in
+    the temporary folder ``target`` to the collective save operation, which writes it in
+    parallel (each rank its own bytes) or through rank 0 (:mod:`..placement.io_choice`)
+    and makes it durable; then rank 0 (``writer``; ``None`` on the other ranks) reads it back
+    once to digest it. A failure of rank 0's outside the operations (which end agreed) is
+    appended to ``deferred`` for the caller's verdict, never raised here, where the other
+    ranks could not follow it out of the collectives.
+    """
     placement: Placement = placement_for(source.model)
 
+    @contextlib.contextmanager
     def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
-        if writer is None:
-            return contextlib.nullcontext(target / file)  # never opened on this rank
-        member = writer.member(role, file, version, family)
-        return member if deferred is None else _contained(member, deferred)
+        if deferred is None:
+            with writer.member(role, file, version, family) as f:  # type: ignore[union-attr]
+                yield f
+            return
+        yield target / file
+        if writer is not None:
+            try:
+                writer.adopt(role, file, version, family)
+            except Exception as exc:
+                deferred.append(exc)
 
     model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
     model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
@@ -230,11 +209,11 @@ def _write_sharded(
     key: Any = None,
     failed: BaseException | None = None,
 ) -> Path:
-    """Every rank writes its part through the collective save functions; rank 0 commits
-    the manifest once every rank has confirmed (every member's bytes pass through rank 0's
-    digesting writers, keyed when the set is signed). A failure on any rank, at any step,
-    is raised on every rank, and nothing is committed."""
-    from ..placement.collectives import is_writer, share_verdict, world_size
+    """Every rank writes its part through the collective save functions, into the
+    temporary folder rank 0 created; rank 0 digests each member (keyed when the set is
+    signed) and commits the manifest once every rank has confirmed. A failure on any rank,
+    at any step, is raised on every rank, and nothing is committed."""
+    from ..placement.collectives import broadcast_json, is_writer, share_verdict, world_size
 
     with contextlib.ExitStack() as stack:
         writer: SetWriter | None = None
@@ -245,7 +224,7 @@ def _write_sharded(
             except Exception as exc:  # shared below: every rank raises it
                 error = exc
         share_verdict(error)
-        target = Path(writer.path) if writer is not None else Path(path)
+        target = Path(broadcast_json(writer.path if writer is not None else None))
         deferred: list[BaseException] = []
         _write_members(writer, source, target, deferred)  # collectives: every rank, same order
         share_verdict(deferred[0] if deferred else None)  # every rank's part is written

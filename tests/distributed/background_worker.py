@@ -32,7 +32,7 @@ from sharded_support import K, N, differences, snapshot
 import tlckpt
 from tlckpt.codec.sets.set_digests import DigestingWriter
 from tlckpt.runtime.binding.dtensors import local_tensor
-from tlckpt.runtime.placement import sharded_placement
+from tlckpt.runtime.placement import positional, sharded_placement
 from tlckpt.testing.models import TiedNet, make_adam, train
 
 RANK = int(os.environ["RANK"])
@@ -119,13 +119,14 @@ def _fail_check(*args: Any) -> None:
     raise OSError(errno.ENOSPC, "injected: no space on this rank")
 
 
-def _fail_write(self: Any, data: Any) -> int:
+def _fail_write(*args: Any) -> None:
     raise OSError(errno.EIO, "injected: the disk failed")
 
 
 @check
 def background_failures(mesh: Any) -> dict[str, Any]:
-    """A failure on one rank (the last: its check of the shards; rank 0: a member's write)
+    """A failure on one rank (the last: its check of the shards; rank 0: writing its
+    pieces, or reading a member back to digest it)
     is raised by ``wait()`` on every rank; nothing is committed, no folder is left, and the
     next background save commits."""
     model, opt = model_on(mesh, seed=2)
@@ -134,7 +135,8 @@ def background_failures(mesh: Any) -> dict[str, Any]:
     outcomes = {}
     for label, failing, patch in (
         ("last rank", WORLD - 1, (sharded_placement, "check_mesh", _fail_check)),
-        ("rank 0", 0, (DigestingWriter, "write", _fail_write)),
+        ("rank 0", 0, (positional, "_write_piece", _fail_check)),
+        ("rank 0 digest", 0, (DigestingWriter, "absorb", _fail_write)),
     ):
         owner, name, replacement = patch
         original = getattr(owner, name)

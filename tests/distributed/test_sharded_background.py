@@ -71,11 +71,13 @@ def test_a_failure_on_any_rank_is_raised_by_every_rank_and_nothing_is_committed(
         assert outcomes["last rank"]["raised"]["type"] == "OSError"
         assert "injected: no space" in outcomes["last rank"]["raised"]["text"]
         assert outcomes["rank 0"]["raised"]["type"] == "OSError"
-        assert "injected: the disk failed" in outcomes["rank 0"]["raised"]["text"]
+        assert "injected: no space" in outcomes["rank 0"]["raised"]["text"]
+        assert outcomes["rank 0 digest"]["raised"]["type"] == "OSError"
+        assert "injected: the disk failed" in outcomes["rank 0 digest"]["raised"]["text"]
         for outcome in outcomes.values():
             assert outcome["steps"] == [] and outcome["left"] == [], outcome
         assert r["background_failures"]["steps_after"] == [K]
-    for label in ("last rank", "rank 0"):
+    for label in ("last rank", "rank 0", "rank 0 digest"):
         texts = {r["background_failures"]["outcomes"][label]["raised"]["text"] for r in cpu_world}
         assert len(texts) == 1, texts
 
