@@ -13,7 +13,8 @@ and its optimizer with
 * tlckpt, forced through rank 0 (``TLCKPT_SHARDED_IO=rank0``), the path before this one,
 * DCP (``dcp.save`` / ``dcp.load`` of ``get_state_dict(model, optimizer)``, then
   ``set_state_dict``), one file per rank into a fresh folder,
-* tlckpt checkpoint sets (``CheckpointManager``, ``keep_last=1``): a blocking ``save``, the
+* tlckpt checkpoint sets (``CheckpointManager``; older sets removed untimed, as DCP's
+  folder is): a blocking ``save``, the
   call of a background save (``blocking=False``; its writing is waited for untimed before
   the next operation), a background save and its ``wait()``, and ``restore``,
 
@@ -61,6 +62,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from tlckpt import CheckpointManager
+    from tlckpt.codec.sets.set_commit import remove_set
     from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
     from tlckpt.runtime.placement.sharded_io import ENV, last_sharded_io
     from tlckpt.testing.models import sharded_linears
@@ -98,7 +100,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
         dcp.load(state, checkpoint_id=folder / "dcp")
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
-    manager = CheckpointManager(folder / "sets", keep_last=1)
+    manager = CheckpointManager(folder / "sets")  # older sets removed untimed (as DCP's)
     steps = iter(range(1, 1 << 30))
     pending: list[Any] = []
 
@@ -145,6 +147,9 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
                 growth = probe.peak() - before
                 while pending:  # a background save's writing, untimed
                     pending.pop().wait()
+                if rank == 0:
+                    for old in manager.steps()[:-1]:
+                        remove_set(manager.directory, old)
                 if method.startswith("tlckpt") or method == "set":
                     record = last_sharded_io()
                     routes[f"{operation} {method}"] = record.route if record else "?"
@@ -194,15 +199,17 @@ def _table(results: list[tuple[int, int, dict[str, Any]]]) -> str:
     ]
     for world, _, run in results:
         for operation, methods in METHODS.items():
-            med: dict[str, float] = {}
-            for method in methods:
-                rows = [
+            rows_of = {
+                method: [
                     f
                     for f in run["figures"]
                     if f["operation"] == operation and f["method"] == method
                 ]
+                for method in methods
+            }
+            med = {m: statistics.median(f["seconds"] for f in rows) for m, rows in rows_of.items()}
+            for method, rows in rows_of.items():
                 seconds = [f["seconds"] for f in rows]
-                med[method] = statistics.median(seconds)
                 growth = max(f["rank0_growth"] for f in rows) / MIB
                 lines.append(
                     f"| {world} | {run['params'] / MIB:.0f} | {operation} | {method} |"
@@ -222,6 +229,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256], help="MiB of params")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tmp", default=None, help="parent of the scratch folders")
+    parser.add_argument("--json", default=None, help="also write every figure here")
     args = parser.parse_args()
     results = []
     for world in args.worlds:
@@ -229,6 +237,8 @@ def main() -> None:
             run = _run(world, size, args.reps, args.tmp)
             results.append((world, size, run))
             print(f"world {world}, {size} MiB: routes {run['routes']}", flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results))
     print(_table(results))
 
 

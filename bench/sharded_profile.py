@@ -47,7 +47,12 @@ PHASES = [
     ("tlckpt.runtime.placement.positional", "_commit", "commit (fsync, rename)"),
     ("tlckpt.runtime.placement.collectives.verdicts", "share_verdict", "verdicts"),
     ("tlckpt.runtime.placement.collectives.stream", "writer_runs", "stream via rank 0"),
-    ("tlckpt.codec.sets.set_commit", "SetWriter.commit", "set manifest + rename"),
+    ("tlckpt.codec.sets.set_commit", "SetWriter.__enter__", "set: clean + temporary folder"),
+    ("tlckpt.codec.sets.set_commit", "SetWriter.adopt", "set: read back + digest"),
+    ("tlckpt.codec.sets.set_commit", "SetWriter.member", "set: training state member"),
+    ("tlckpt.codec.sets.set_commit", "SetWriter.commit", "set: manifest + rename"),
+    ("tlckpt.runtime.sets.checkpoint_manager", "CheckpointManager._retain", "set: retention"),
+    ("tlckpt.runtime.sets.training_state", "capture", "set: training state capture"),
 ]
 
 
@@ -99,7 +104,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     model, opt = sharded_linears(mesh, WIDTH, max(1, size_mib * MIB // (WIDTH * WIDTH * 4)))
     phases: dict[str, float] = defaultdict(float)
     _instrument(phases)
-    manager = tlckpt.CheckpointManager(folder / "sets", keep_last=1)
+    manager = tlckpt.CheckpointManager(folder / "sets", keep_last=1)  # retention timed apart
     step = [0]
 
     def files() -> None:

@@ -11,6 +11,9 @@ writer thread therefore lowers its own scheduling priority (:data:`WRITER_NICENE
 cores are free it runs as fast, where they are not the training loop keeps them and the
 save takes longer.
 
+A sharded (DTensor) model's background save is a collective, on a process group of the
+manager's own: :mod:`.sharded_background`.
+
 A background failure is raised by its handle's :meth:`SaveHandle.wait`, and — once, if the
 handle has not raised it already — by the next :meth:`CheckpointManager.save` or by
 :meth:`CheckpointManager.wait`. A set whose save failed was never committed, so it never
@@ -46,7 +49,8 @@ from ...codec.sets.set_keys import as_key
 from .multi_set_writing import StructuredSource, set_source, snapshot_structured, write_any
 from .set_restoring import Restored, Targets, restore_latest, restore_set
 from .set_structure import MODEL_FORMATS
-from .set_writing import SetSource, snapshot_source, write_set
+from .set_writing import SetSource, snapshot_source
+from .sharded_background import new_saving_group, retain_on_writer, sharded_background
 from .snapshot import Snapshotter
 
 __all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
@@ -295,7 +299,8 @@ class CheckpointManager:
             random_counter: the run's random counter, if it has one.
             extra: anything else of JSON values (exactly, or refused).
             blocking: write and commit before returning (default); ``False``: copy the state
-                off the live tensors, return, and write in the background.
+                off the live tensors, return, and write in the background (a sharded model:
+                on every rank, see the module docstring).
             overwrite: replace an existing set of ``step``.
 
         Returns:
@@ -351,48 +356,17 @@ class CheckpointManager:
     def _sharded_writer(
         self, step: int, target: Path, source: SetSource, snapshot: Any, overwrite: bool
     ) -> Callable[[], Path]:
-        """The background work of a sharded save, on every rank: its collectives run over
-        the manager's own process group (made here, on the calling thread, at the first
-        such save: every rank calls ``save`` in the same order), never the trainer's; a
-        failure on any rank, copies included, is raised by every rank's handle."""
-        from ..placement.collectives import new_saving_group
-
-        if self._group is None:
+        if self._group is None:  # on the calling thread, every rank alike
             self._group = new_saving_group()
-        group = self._group
+        return sharded_background(
+            target, step, source, snapshot, overwrite, self._key, self._group, self._retain
+        )
 
-        def background() -> Path:
-            failed: BaseException | None = None
-            try:
-                snapshot.wait()
-            except Exception as exc:  # every rank raises it, through the save's first verdict
-                failed = exc
-            path = write_set(
-                target,
-                step,
-                source,
-                overwrite=overwrite,
-                key=self._key,
-                group=group,
-                failed=failed,
-            )
-            self._after_commit(step, source, group)
-            return path
-
-        return background
-
-    def _after_commit(self, step: int, source: Any, group: Any = None) -> None:
-        """Retention after ``step`` was committed: a sharded set's by rank 0 alone, every
-        rank waiting for it (so that every rank then lists the same sets)."""
+    def _after_commit(self, step: int, source: Any) -> None:
         if isinstance(source, StructuredSource) or not source.sharded:
             self._retain(step)
-            return
-        from ..placement.collectives import bound_group, is_writer, share_verdict
-
-        with bound_group(group):
-            if is_writer():
-                self._retain(step)
-            share_verdict(None)
+        else:
+            retain_on_writer(step, None, self._retain)
 
     def wait(self) -> None:
         """Block until no save is in flight.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,13 @@ def _write_members(
     ranks could not follow it out of the collectives.
     """
     placement: Placement = placement_for(source.model)
+    digesting: list[threading.Thread] = []
+
+    def adopt(role: str, file: str, version: int, family: str | None) -> None:
+        try:
+            writer.adopt(role, file, version, family)  # type: ignore[union-attr]
+        except Exception as exc:
+            deferred.append(exc)  # type: ignore[union-attr]
 
     @contextlib.contextmanager
     def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
@@ -132,11 +140,10 @@ def _write_members(
                 yield f
             return
         yield target / file
-        if writer is not None:
-            try:
-                writer.adopt(role, file, version, family)
-            except Exception as exc:
-                deferred.append(exc)
+        if writer is not None:  # read back and digested while the next member is written
+            thread = threading.Thread(target=adopt, args=(role, file, version, family))
+            thread.start()
+            digesting.append(thread)
 
     model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
     model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
@@ -145,11 +152,16 @@ def _write_members(
             float32_files.save(placement, source.model, f)
         else:
             bits_files.save(placement, source.model, f, pretty=False)
-    if source.optimizer is not None:
-        with destination("optimizer", OPTIMIZER_FILE) as f:
-            version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
-        if writer is not None and "optimizer" in writer.members:
-            writer.set_version("optimizer", version)
+    version = None
+    try:
+        if source.optimizer is not None:
+            with destination("optimizer", OPTIMIZER_FILE) as f:
+                version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
+    finally:
+        for thread in digesting:
+            thread.join()  # before the folder can be removed (a failure) or committed
+    if version is not None and writer is not None and "optimizer" in writer.members:
+        writer.set_version("optimizer", version)
     if writer is not None:
         try:
             with writer.member(
@@ -214,6 +226,7 @@ def _write_sharded(
     signed) and commits the manifest once every rank has confirmed. A failure on any rank,
     at any step, is raised on every rank, and nothing is committed."""
     from ..placement.collectives import broadcast_json, is_writer, share_verdict, world_size
+    from ..placement.io_choice import one_probe
 
     with contextlib.ExitStack() as stack:
         writer: SetWriter | None = None
@@ -226,7 +239,8 @@ def _write_sharded(
         share_verdict(error)
         target = Path(broadcast_json(writer.path if writer is not None else None))
         deferred: list[BaseException] = []
-        _write_members(writer, source, target, deferred)  # collectives: every rank, same order
+        with one_probe():  # the members share the temporary folder: one probe
+            _write_members(writer, source, target, deferred)  # collectives: every rank
         share_verdict(deferred[0] if deferred else None)  # every rank's part is written
         error = None
         final = Path(path)

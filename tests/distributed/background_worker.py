@@ -33,6 +33,8 @@ import tlckpt
 from tlckpt.codec.sets.set_digests import DigestingWriter
 from tlckpt.runtime.binding.dtensors import local_tensor
 from tlckpt.runtime.placement import positional, sharded_placement
+from tlckpt.runtime.placement.sharded_io import last_sharded_io
+from tlckpt.runtime.sets import set_restoring
 from tlckpt.testing.models import TiedNet, make_adam, train
 
 RANK = int(os.environ["RANK"])
@@ -163,6 +165,48 @@ def background_failures(mesh: Any) -> dict[str, Any]:
     after = manager.save(K, model=model, optimizer=opt, random_counter=counter, blocking=False)
     after.wait()
     return {"outcomes": outcomes, "steps_after": manager.steps()}
+
+
+@check
+def restore_by_path(mesh: Any) -> dict[str, Any]:
+    """A sharded restore reads the members by path, every rank its own pieces (the
+    parallel path); a member renamed over after rank 0 verified it (a set of other values,
+    same sizes) is refused on every rank, nothing changed."""
+    model, opt = model_on(mesh, seed=3)
+    counter = train(model, opt, 0, K, device=DEVICE)
+    expected = snapshot(model, opt)
+    manager = tlckpt.CheckpointManager(WORKDIR / f"by-path-w{WORLD}")
+    folder = manager.save(K, model=model, optimizer=opt, random_counter=counter).wait()
+    other_model, other_opt = model_on(mesh, seed=5)
+    train(other_model, other_opt, 0, K, device=DEVICE)
+    other = tlckpt.CheckpointManager(WORKDIR / f"by-path-other-w{WORLD}")
+    other_folder = other.save(K, model=other_model, optimizer=other_opt).wait()
+    fresh, fresh_opt = model_on(mesh, seed=4321)
+    manager.restore(model=fresh, optimizer=fresh_opt)
+    route = last_sharded_io().route
+    exact = differences(snapshot(fresh, fresh_opt), expected)
+    before = snapshot(fresh, fresh_opt)
+    original = set_restoring.check_state_tensors
+
+    def replace_then_check(*args: Any) -> None:
+        if RANK == 0:  # after rank 0 verified the set, before the loads open the paths
+            os.replace(other_folder / "model.tlsf32", folder / "model.tlsf32")
+        original(*args)
+
+    set_restoring.check_state_tensors = replace_then_check
+    try:
+        manager.restore(model=fresh, optimizer=fresh_opt, step=K)
+        raised = None
+    except tlckpt.CheckpointError as exc:
+        raised = type(exc).__name__
+    finally:
+        set_restoring.check_state_tensors = original
+    return {
+        "route": route,
+        "exact": exact,
+        "raised": raised,
+        "unchanged": differences(snapshot(fresh, fresh_opt), before) == [],
+    }
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 every rank copies each rank's shards and returns; the set is written by a thread whose
 collectives run over the manager's own process group, committed once every rank's part is
 durable. Worlds 2 and 3 (gloo on 127.0.0.1); CUDA (a one-rank NCCL group) where a GPU is.
+Also the sharded restore's reads by path (every rank its own pieces of the verified members).
 
 Each group runs every check in one go (``background_worker.py``) within a time limit, so a
 hang fails the test instead of blocking the run.
@@ -20,7 +21,7 @@ from sharded_support import K, launch
 pytestmark = pytest.mark.distributed
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ["background_saves", "background_failures"]
+CHECKS = ["background_saves", "background_failures", "restore_by_path"]
 
 
 def _run(workdir: Path, world: int, device: str) -> list[dict[str, Any]]:
@@ -80,6 +81,15 @@ def test_a_failure_on_any_rank_is_raised_by_every_rank_and_nothing_is_committed(
     for label in ("last rank", "rank 0", "rank 0 digest"):
         texts = {r["background_failures"]["outcomes"][label]["raised"]["text"] for r in cpu_world}
         assert len(texts) == 1, texts
+
+
+def test_a_sharded_restore_reads_by_path_and_refuses_a_member_replaced_after_verifying(
+    cpu_world,
+):
+    for r in cpu_world:
+        outcome = r["restore_by_path"]
+        assert outcome["route"] == "parallel" and outcome["exact"] == []
+        assert outcome["raised"] == "FileChangedError" and outcome["unchanged"], outcome
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
