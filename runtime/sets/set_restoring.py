@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,11 @@ def _fit_and_commit(
             return Path(manifest.members[role].file)  # never opened on this rank
         return verified.file(role)
 
-    def still_verified() -> None:
+    def still_verified(final: bool = True) -> None:
         if verified is not None:
             if folder is not None:
+                if final:
+                    verified.finish_digests()  # sharded: hashed aside while the ranks staged
                 _names_verified(verified)
             verified.confirm_unchanged()
 
@@ -187,7 +190,7 @@ def _fit_and_commit(
 
     application = placement.agree(fits)  # every rank goes on, or every rank raises
     if folder is not None:
-        placement.agree(still_verified)
+        placement.agree(lambda: still_verified(final=False))
     with contextlib.ExitStack() as plans:
         try:
             if manifest.members["model"].file == MODEL_FLOAT32_FILE:
@@ -236,7 +239,9 @@ def _restore_sharded(
         def verify() -> tuple[VerifiedSet, Any] | None:
             if not is_writer():
                 return None
-            opened = stack.enter_context(VerifiedSet.open(folder, key=key))
+            # The large members' digests are computed on a thread while every rank stages
+            # its loads (nothing live changes before they are compared: ``still_verified``).
+            opened = stack.enter_context(VerifiedSet.open(folder, key=key, streaming=True))
             return opened, opened.training_state()
 
         checked = placement.agree(verify)
@@ -245,6 +250,7 @@ def _restore_sharded(
             manifest = verified.manifest
             broadcast_bytes(verified.manifest_bytes)
             broadcast_bytes(verified.file("training_state").read())  # the handle it checked
+            stack.enter_context(_digests_aside(verified))
         else:
             verified = None
             manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
@@ -257,6 +263,35 @@ def _restore_sharded(
                 field="version",
             )
         return _fit_and_commit(placement, verified, state, manifest, targets, folder=folder)
+
+
+@contextlib.contextmanager
+def _digests_aside(verified: VerifiedSet) -> Iterator[None]:
+    """Hash the streamed members (:meth:`VerifiedSet.finish_digests`) on a thread of their
+    own; the set's ``finish_digests`` then waits for it and raises what it found. Left
+    early, the block still waits (the handles close after it)."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            finish()
+        except BaseException as exc:  # re-raised by the caller's finish_digests
+            outcome.append(exc)
+
+    finish = verified.finish_digests
+    thread = threading.Thread(target=run, name="tlckpt-verify", daemon=True)
+    thread.start()
+
+    def finished() -> None:
+        thread.join()
+        if outcome:
+            raise outcome[0]
+
+    verified.finish_digests = finished  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _names_verified(verified: VerifiedSet) -> None:

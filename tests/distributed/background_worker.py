@@ -170,8 +170,9 @@ def background_failures(mesh: Any) -> dict[str, Any]:
 @check
 def restore_by_path(mesh: Any) -> dict[str, Any]:
     """A sharded restore reads the members by path, every rank its own pieces (the
-    parallel path); a member renamed over after rank 0 verified it (a set of other values,
-    same sizes) is refused on every rank, nothing changed."""
+    parallel path), while rank 0 hashes them; a member with one bit flipped, or renamed
+    over after rank 0 opened it (a set of other values, same sizes), is refused on every
+    rank, nothing changed."""
     model, opt = model_on(mesh, seed=3)
     counter = train(model, opt, 0, K, device=DEVICE)
     expected = snapshot(model, opt)
@@ -186,6 +187,18 @@ def restore_by_path(mesh: Any) -> dict[str, Any]:
     route = last_sharded_io().route
     exact = differences(snapshot(fresh, fresh_opt), expected)
     before = snapshot(fresh, fresh_opt)
+    dist.barrier()
+    if RANK == 0:  # one bit of a payload, in place, the size kept: only the digest sees it
+        member = other_folder / "optimizer.tladam"
+        data = bytearray(member.read_bytes())
+        data[len(data) // 2] ^= 1
+        member.write_bytes(bytes(data))
+    dist.barrier()
+    try:
+        other.restore(model=fresh, optimizer=fresh_opt, step=K)
+        damaged = None
+    except tlckpt.CheckpointError as exc:
+        damaged = type(exc).__name__
     original = set_restoring.check_state_tensors
 
     def replace_then_check(*args: Any) -> None:
@@ -205,6 +218,7 @@ def restore_by_path(mesh: Any) -> dict[str, Any]:
         "route": route,
         "exact": exact,
         "raised": raised,
+        "damaged": damaged,
         "unchanged": differences(snapshot(fresh, fresh_opt), before) == [],
     }
 

@@ -83,13 +83,14 @@ def test_a_failure_on_any_rank_is_raised_by_every_rank_and_nothing_is_committed(
         assert len(texts) == 1, texts
 
 
-def test_a_sharded_restore_reads_by_path_and_refuses_a_member_replaced_after_verifying(
+def test_a_sharded_restore_reads_by_path_and_refuses_damaged_or_replaced_members(
     cpu_world,
 ):
     for r in cpu_world:
         outcome = r["restore_by_path"]
         assert outcome["route"] == "parallel" and outcome["exact"] == []
         assert outcome["raised"] == "FileChangedError" and outcome["unchanged"], outcome
+        assert outcome["damaged"] == "IntegrityError", outcome
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
