@@ -33,7 +33,7 @@ import tlckpt
 from tlckpt.codec.sets.set_digests import DigestingWriter
 from tlckpt.runtime.binding.dtensors import local_tensor
 from tlckpt.runtime.placement import positional, sharded_placement
-from tlckpt.runtime.placement.sharded_io import last_sharded_io
+from tlckpt.runtime.placement.sharded_io import ENV, last_sharded_io
 from tlckpt.runtime.sets import set_restoring
 from tlckpt.testing.models import TiedNet, make_adam, train
 
@@ -114,6 +114,38 @@ def background_saves(mesh: Any) -> dict[str, Any]:
         "continuation": continuation,
         "steps": manager.steps(),
         "second_exact": differences(snapshot(c, c_opt), second),
+    }
+
+
+@check
+def background_through_rank0(mesh: Any) -> dict[str, Any]:
+    """Forced through rank 0 (``TLCKPT_SHARDED_IO=rank0``), a background save gathers the
+    shards to rank 0 point to point over the manager's group: the set is the blocking
+    set's bytes and restores exactly (through rank 0 too)."""
+    model, opt = model_on(mesh, seed=6)
+    counter = train(model, opt, 0, K, device=DEVICE)
+    expected = snapshot(model, opt)
+    os.environ[ENV] = "rank0"
+    try:
+        blocking = tlckpt.CheckpointManager(WORKDIR / f"rank0-blocking-w{WORLD}")
+        blocking.save(K, model=model, optimizer=opt, random_counter=counter)
+        manager = tlckpt.CheckpointManager(WORKDIR / f"rank0-w{WORLD}")
+        handle = manager.save(K, model=model, optimizer=opt, random_counter=counter, blocking=False)
+        mutate(model, opt)
+        folder = handle.wait()
+        dist.barrier()
+        same_bytes = (
+            members(folder) == members(blocking.directory / folder.name) if RANK == 0 else None
+        )
+        fresh, fresh_opt = model_on(mesh, seed=4321)
+        manager.restore(model=fresh, optimizer=fresh_opt)
+        route = last_sharded_io().route
+    finally:
+        os.environ.pop(ENV, None)
+    return {
+        "same_bytes": same_bytes,
+        "route": route,
+        "exact": differences(snapshot(fresh, fresh_opt), expected),
     }
 
 

@@ -21,7 +21,7 @@ from sharded_support import K, launch
 pytestmark = pytest.mark.distributed
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ["background_saves", "background_failures", "restore_by_path"]
+CHECKS = ["background_saves", "background_through_rank0", "background_failures", "restore_by_path"]
 
 
 def _run(workdir: Path, world: int, device: str) -> list[dict[str, Any]]:
@@ -64,6 +64,13 @@ def _assert_saves(results: list[dict[str, Any]]) -> None:
 
 def test_background_save_holds_the_values_of_the_call_and_resumes_exactly(cpu_world):
     _assert_saves(cpu_world)
+
+
+def test_background_save_through_rank0_over_the_managers_group(cpu_world):
+    assert cpu_world[0]["background_through_rank0"]["same_bytes"] is True
+    for r in cpu_world:
+        outcome = r["background_through_rank0"]
+        assert outcome["route"] == "rank0" and outcome["exact"] == [], outcome
 
 
 def test_a_failure_on_any_rank_is_raised_by_every_rank_and_nothing_is_committed(cpu_world):
