@@ -67,7 +67,19 @@ def new_saving_group() -> Any:
     group creations): a new gloo process group over every rank of the default group, in
     rank order, for a background save's collectives. Gloo whatever the trainer's backend:
     what a background save moves are host copies."""
-    return dist.new_group(ranks=list(range(dist.get_world_size())), backend="gloo")
+    ranks = list(range(dist.get_world_size()))
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=_trainers_timeout())
+
+
+def _trainers_timeout() -> Any:
+    """The default group's timeout, so that a rank that never joins a save fails the others'
+    saves as the trainer's own collectives would (else gloo's default, 30 minutes). Read
+    through private attributes: ``None`` (the default) where this torch has none."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return group._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError, ValueError):  # no CPU backend, another torch
+        return None
 
 
 def rank() -> int:
