@@ -194,6 +194,7 @@ def background_failures(mesh: Any) -> dict[str, Any]:
             "steps": manager.steps(),
             "left": sorted(p.name for p in manager.directory.iterdir()),
         }
+        dist.barrier()  # every rank has looked before rank 0 starts the next save's folder
     after = manager.save(K, model=model, optimizer=opt, random_counter=counter, blocking=False)
     after.wait()
     return {"outcomes": outcomes, "steps_after": manager.steps()}
