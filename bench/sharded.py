@@ -2,7 +2,7 @@
 
 Run from the repository root (it starts gloo groups on this machine)::
 
-    nice -n 10 .venv/bin/python -m bench.sharded [--worlds 2 3] [--sizes 32 128] [--reps 3]
+    nice -n 10 .venv/bin/python -m bench.sharded [--worlds 2 3] [--sizes 64 256] [--reps 3]
 
 For each world size and model size (MiB of float32 parameters: ``Linear`` layers of 1024 x
 1024, each its own FSDP2 group, trained one AdamW step), every rank saves and loads the model
@@ -13,6 +13,10 @@ and its optimizer with
 * tlckpt, forced through rank 0 (``TLCKPT_SHARDED_IO=rank0``), the path before this one,
 * DCP (``dcp.save`` / ``dcp.load`` of ``get_state_dict(model, optimizer)``, then
   ``set_state_dict``), one file per rank into a fresh folder,
+* tlckpt checkpoint sets (``CheckpointManager``; older sets removed untimed, as DCP's
+  folder is): a blocking ``save``, the
+  call of a background save (``blocking=False``; its writing is waited for untimed before
+  the next operation), a background save and its ``wait()``, and ``restore``,
 
 repetitions interleaved, ``os.sync()`` before each operation, a barrier before and after (the
 time is the slowest rank's). Rank 0's peak memory growth is its resident set's high-water mark
@@ -40,7 +44,14 @@ from tlckpt.testing.processes import PeakProbe, current_rss, free_port, rank_env
 
 WIDTH = 1024
 MIB = 1 << 20
-METHODS = ["tlckpt", "tlckpt-rank0", "dcp"]
+#: The ways of each operation, timed in turns. ``set``: ``CheckpointManager.save`` (blocking)
+#: and ``restore`` of the model and the optimizer as one checkpoint set (digests, manifest);
+#: ``set background``: ``save(blocking=False)``, the call alone (the writing goes on after);
+#: ``set background+wait``: the call and its ``wait()``.
+METHODS = {
+    "save": ["tlckpt", "tlckpt-rank0", "dcp", "set", "set background", "set background+wait"],
+    "load": ["tlckpt", "tlckpt-rank0", "dcp", "set"],
+}
 
 
 def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
@@ -50,6 +61,8 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
+    from tlckpt import CheckpointManager
+    from tlckpt.codec.sets.set_commit import remove_set
     from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
     from tlckpt.runtime.placement.sharded_io import ENV, last_sharded_io
     from tlckpt.testing.models import sharded_linears
@@ -87,7 +100,27 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
         dcp.load(state, checkpoint_id=folder / "dcp")
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
+    manager = CheckpointManager(folder / "sets")  # older sets removed untimed (as DCP's)
+    steps = iter(range(1, 1 << 30))
+    pending: list[Any] = []
+
+    def set_save() -> None:
+        manager.save(next(steps), model=model, optimizer=opt)
+
+    def set_background() -> None:
+        pending.append(manager.save(next(steps), model=model, optimizer=opt, blocking=False))
+
+    def set_background_wait() -> None:
+        manager.save(next(steps), model=model, optimizer=opt, blocking=False).wait()
+
+    def set_restore() -> None:
+        manager.restore(model=model, optimizer=opt)
+
     operations = {
+        ("save", "set"): set_save,
+        ("save", "set background"): set_background,
+        ("save", "set background+wait"): set_background_wait,
+        ("load", "set"): set_restore,
         ("save", "tlckpt"): tlckpt("save", None),
         ("save", "tlckpt-rank0"): tlckpt("save", "rank0"),
         ("save", "dcp"): dcp_save,
@@ -100,7 +133,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     routes: dict[str, str] = {}
     for rep in range(reps):
         for operation in ["save", "load"]:
-            for method in METHODS:
+            for method in METHODS[operation]:
                 gc.collect()
                 if rank == 0:
                     os.sync()
@@ -112,7 +145,12 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
                 dist.barrier()
                 seconds = time.perf_counter() - start
                 growth = probe.peak() - before
-                if method.startswith("tlckpt"):
+                while pending:  # a background save's writing, untimed
+                    pending.pop().wait()
+                if rank == 0:
+                    for old in manager.steps()[:-1]:
+                        remove_set(manager.directory, old)
+                if method.startswith("tlckpt") or method == "set":
                     record = last_sharded_io()
                     routes[f"{operation} {method}"] = record.route if record else "?"
                 figures.append(
@@ -156,28 +194,28 @@ def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any
 
 def _table(results: list[tuple[int, int, dict[str, Any]]]) -> str:
     lines = [
-        "| world | params MiB | operation | tlckpt s | tlckpt rank-0 path s | DCP s |"
-        " tlckpt / DCP | rank-0 growth MiB: tlckpt / rank-0 path / DCP |",
-        "|---|---|---|---|---|---|---|---|",
+        "| world | params MiB | operation | way | median s [min-max] | / DCP | rank-0 growth MiB |",
+        "|---|---|---|---|---|---|---|",
     ]
     for world, _, run in results:
-        for operation in ["save", "load"]:
-            med: dict[str, float] = {}
-            mem: dict[str, float] = {}
-            for method in METHODS:
-                rows = [
+        for operation, methods in METHODS.items():
+            rows_of = {
+                method: [
                     f
                     for f in run["figures"]
                     if f["operation"] == operation and f["method"] == method
                 ]
-                med[method] = statistics.median(f["seconds"] for f in rows)
-                mem[method] = max(f["rank0_growth"] for f in rows) / MIB
-            lines.append(
-                f"| {world} | {run['params'] / MIB:.0f} | {operation} | {med['tlckpt']:.3f} |"
-                f" {med['tlckpt-rank0']:.3f} | {med['dcp']:.3f} |"
-                f" {med['tlckpt'] / med['dcp']:.2f} |"
-                f" {mem['tlckpt']:.1f} / {mem['tlckpt-rank0']:.1f} / {mem['dcp']:.1f} |"
-            )
+                for method in methods
+            }
+            med = {m: statistics.median(f["seconds"] for f in rows) for m, rows in rows_of.items()}
+            for method, rows in rows_of.items():
+                seconds = [f["seconds"] for f in rows]
+                growth = max(f["rank0_growth"] for f in rows) / MIB
+                lines.append(
+                    f"| {world} | {run['params'] / MIB:.0f} | {operation} | {method} |"
+                    f" {med[method]:.3f} [{min(seconds):.3f}-{max(seconds):.3f}] |"
+                    f" {med[method] / med['dcp']:.2f} | {growth:.1f} |"
+                )
     return "\n".join(lines)
 
 
@@ -188,9 +226,10 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 128], help="MiB of params")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256], help="MiB of params")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tmp", default=None, help="parent of the scratch folders")
+    parser.add_argument("--json", default=None, help="also write every figure here")
     args = parser.parse_args()
     results = []
     for world in args.worlds:
@@ -198,6 +237,8 @@ def main() -> None:
             run = _run(world, size, args.reps, args.tmp)
             results.append((world, size, run))
             print(f"world {world}, {size} MiB: routes {run['routes']}", flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results))
     print(_table(results))
 
 

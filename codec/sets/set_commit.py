@@ -54,6 +54,13 @@ _CUT = re.compile(r"~[0-9a-f]{12}\Z")  # how temporary_prefix ends a shortened n
 _CONFLICT = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
 
 
+class _Discarded:
+    """Where an adopted member's digesting writer writes: nowhere (it is on disk already)."""
+
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes
+
+
 @dataclass
 class _Member:
     file: str
@@ -159,6 +166,22 @@ class SetWriter:
         with self._file(file) as writer:
             yield writer
         self.members[role] = _Member(file, family, version, writer)
+
+    def adopt(self, role: str, file: str, version: int = 0, family: str | None = None) -> None:
+        """Record member ``file``, which other code (every rank of a sharded save, in
+        parallel) wrote and made durable in the temporary folder: its bytes are read back
+        once and digested as :meth:`member` would have digested them.
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        digesting = DigestingWriter(_Discarded(), self.key)
+        fd = os.open(os.path.join(self.path, file), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            digesting.absorb(fd)
+        finally:
+            os.close(fd)
+        self.members[role] = _Member(file, family, version, digesting)
 
     def set_version(self, role: str, version: int) -> None:
         """Record the version a member's writer reported once it returned."""

@@ -34,6 +34,7 @@ HASH_CHUNK = 16 << 20
 #: Buffers from this size on are hashed by the digest thread while the calling thread writes
 #: them (both release the GIL, so the two run on two cores); smaller ones are hashed inline.
 PARALLEL_DIGEST_BYTES = 1 << 20
+_ABSORB_CHUNK = 8 << 20  # bytes read back per chunk by DigestingWriter.absorb
 
 
 class _DigestJob:
@@ -147,6 +148,37 @@ class DigestingWriter:
             self.head += view[: HEAD_BYTES - len(self.head)]
         self.size += view.nbytes
         return view.nbytes
+
+    def absorb(self, fd: int) -> None:
+        """Digest the rest of the open file ``fd`` (from its position) as if it had been
+        written here, without writing it anywhere: a member that several processes wrote
+        in place (a sharded set's parallel path), read back once. Each chunk is hashed by
+        the digest thread while the next one is read.
+
+        Raises:
+            OSError: from reading.
+        """
+        buffers = [bytearray(_ABSORB_CHUNK), bytearray(_ABSORB_CHUNK)]
+        worker = _digest_thread()
+        pending = None
+        k = 0
+        while True:
+            view = memoryview(buffers[k])
+            n = os.readv(fd, [view])
+            if pending is not None:
+                pending.result()  # the other buffer is free again
+                pending = None
+            if not n:
+                return
+            view = view[:n]
+            if worker is not None:
+                pending = worker.submit(self.hash.update, view)
+            else:
+                self.hash.update(view)
+            if len(self.head) < HEAD_BYTES:
+                self.head += view[: HEAD_BYTES - len(self.head)]
+            self.size += n
+            k ^= 1
 
     def flush(self) -> None:
         self.file.flush()

@@ -19,6 +19,7 @@ __all__ = [
     "dtensor_class",
     "is_dtensor",
     "like_dtensor",
+    "dtensor_over",
     "local_tensor",
     "reusable",
     "sharded",
@@ -72,6 +73,17 @@ def like_dtensor(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         shape=like.shape,
         stride=like.stride(),
     )
+
+
+def dtensor_over(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``part`` as a DTensor laid out as ``like`` (same mesh, placements, global shape and
+    stride), over ``part``'s memory wherever it lies: unlike :func:`like_dtensor`, a host
+    copy of a device shard stays on the host (a background save's snapshot). No
+    communication. A plain ``like`` gives ``part`` itself.
+    """
+    if not is_dtensor(like):
+        return part
+    return type(like)(part, like._spec, requires_grad=False)
 
 
 def reusable(module_or_tensors: Any) -> Any:

@@ -11,8 +11,11 @@ too). A rank that fails to probe (a folder it cannot see) simply votes no.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ...codec.errors import CheckpointError, ConfigError
@@ -20,11 +23,37 @@ from ...codec.fileio.source import open_regular
 from .collectives import all_agree, all_rows, broadcast_json, is_writer, share_verdict
 from .sharded_io import ENV, LOGGER, ShardedIO, record
 
-__all__ = ["choose"]
+__all__ = ["choose", "one_probe"]
 
 _MODES = ("auto", "parallel", "rank0")
 _PROBE_PREFIX = ".tlckpt-probe-"
 _FINGERPRINT_BYTES = 64 << 10
+
+
+_remembered = threading.local()
+
+
+@contextlib.contextmanager
+def one_probe() -> Iterator[None]:
+    """Inside the block, a save probes each folder once and reuses the answer: a checkpoint
+    set's members share one folder. Every rank enters and leaves it at the same point of
+    its collectives (the answer is the same on every rank, being agreed)."""
+    before = getattr(_remembered, "answers", None)
+    _remembered.answers = {}
+    try:
+        yield
+    finally:
+        _remembered.answers = before
+
+
+def _save_probe_once(path: str) -> bool:
+    answers = getattr(_remembered, "answers", None)
+    if answers is None:
+        return _save_probe(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in answers:
+        answers[folder] = _save_probe(path)
+    return answers[folder]
 
 
 def _requested() -> str:
@@ -135,7 +164,7 @@ def choose(path: Any, operation: str, unsupported: str | None) -> bool:
         route, reason = "parallel", f"{ENV}=parallel"
     else:
         name = os.fsdecode(path)
-        shared = _save_probe(name) if operation == "save" else _load_probe(name)
+        shared = _save_probe_once(name) if operation == "save" else _load_probe(name)
         if shared:
             route, reason = "parallel", "every rank sees the same file system"
         else:

@@ -2,7 +2,8 @@
 
 Holds :mod:`.set_writing`, :mod:`.set_restoring` and their entry points
 (:mod:`.checkpoint_sets`), :mod:`.checkpoint_manager` (steps, retention, async saves),
-:mod:`.snapshot` (live state copied for an async save), :mod:`.training_state`,
+:mod:`.snapshot` (live state copied for an async save), :mod:`.sharded_background` (async
+saves of sharded models, on a process group of their own), :mod:`.training_state`,
 :mod:`.param_group_values` and :mod:`.rng_states` (the training state's documents bound to
 torch objects), and sets of several models, optimizers and schedulers
 (:mod:`.multi_set_writing`, :mod:`.multi_set_restoring`; their structure and member

@@ -11,6 +11,9 @@ writer thread therefore lowers its own scheduling priority (:data:`WRITER_NICENE
 cores are free it runs as fast, where they are not the training loop keeps them and the
 save takes longer.
 
+A sharded (DTensor) model's background save is a collective, on a process group of the
+manager's own: :mod:`.sharded_background`.
+
 A background failure is raised by its handle's :meth:`SaveHandle.wait`, and — once, if the
 handle has not raised it already — by the next :meth:`CheckpointManager.save` or by
 :meth:`CheckpointManager.wait`. A set whose save failed was never committed, so it never
@@ -27,11 +30,8 @@ folder and the error (:func:`_report_at_exit`). Only a process killed outright
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import errno
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -39,6 +39,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ...codec.errors import CheckpointError
 from ...codec.sets.checkpoint_set import latest_verified
 from ...codec.sets.remote_leases import LEASE_SECONDS
 from ...codec.sets.remote_set_reading import remote_committed_steps, remote_latest
@@ -51,170 +52,12 @@ from .multi_set_writing import StructuredSource, set_source, snapshot_structured
 from .remote_sets import remote_set_url, restore_remote, restore_remote_latest, retain_remote
 from .set_restoring import Restored, Targets, restore_latest, restore_set
 from .set_structure import MODEL_FORMATS
-from .set_writing import snapshot_source
+from .set_writing import SetSource, snapshot_source
+from .sharded_background import new_saving_group, retain_on_writer, sharded_background
 from .snapshot import Snapshotter
+from .writer_threads import WRITER_NICENESS, SaveHandle, finished, start_writer
 
 __all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
-
-#: How much the background writer thread lowers its scheduling priority (Linux ``nice``
-#: steps, per thread). Measured on two busy cores (``bench/sets.py``), a training loop kept
-#: 35-45% of its steps per second during background saves at equal priority, 74% and more
-#: with the writer 10 steps lower.
-WRITER_NICENESS = 10
-
-
-def _lower_priority() -> None:
-    """Make the calling (writer) thread yield the CPU to the training threads."""
-    if not sys.platform.startswith("linux"):
-        return  # elsewhere setpriority's "process" would be the whole process, or another
-    # A scheduling hint only: a system refusing it leaves the save correct, just not nicer.
-    with contextlib.suppress(OSError):
-        tid = threading.get_native_id()  # on Linux, PRIO_PROCESS of a thread id is that thread
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS)
-
-
-class SaveHandle:
-    """The outcome of one :meth:`CheckpointManager.save`.
-
-    Attributes:
-        step: the set's step.
-    """
-
-    def __init__(self, step: int, future: Future, directory: Path | None = None):
-        self.step = step
-        self._future = future
-        self._reported = False
-        self._directory = directory
-        self._pid = os.getpid()
-
-    def wait(self) -> Path:
-        """Block until the set is committed.
-
-        Returns:
-            The committed set's folder.
-
-        Raises:
-            The save's error (``OSError``, ``CheckpointError``, ...): nothing was committed.
-        """
-        try:
-            path = self._future.result()
-        except BaseException:
-            self._reported = True
-            _unreported.discard(self)
-            raise
-        _unreported.discard(self)
-        return path
-
-    def done(self) -> bool:
-        """Whether the save has ended (committed or failed)."""
-        return self._future.done()
-
-    def _unreported_error(self) -> BaseException | None:
-        """The save's failure if nobody has been told of it yet (waits for the end)."""
-        error = self._future.exception()
-        if error is None or self._reported:
-            return None
-        self._reported = True
-        _unreported.discard(self)
-        return error
-
-
-_Thread = threading.Thread  # the writer's class (a test stands in one that cannot start)
-_WRITER_NAME = "tlckpt-save-"  # the writer threads' names begin so (then the step)
-
-#: Background saves of this process whose outcome nobody may have been told of yet: a save in
-#: flight, or one that failed and has not raised. A handle leaves it once it committed or its
-#: failure was raised. ``set.add``/``discard``/``copy`` are atomic: no lock, which a ``fork``
-#: could leave held in the child.
-_unreported: set[SaveHandle] = set()
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _report_at_exit() -> None:
-    """Wait for this process's background saves still in flight, and print on stderr, one
-    line each, a failure nobody was told of (nothing was committed for it).
-
-    Runs from :mod:`atexit`, after the interpreter has joined the writers (non-daemon
-    threads) — unless a second Ctrl-C cut that join short: then it waits here, and a further
-    Ctrl-C leaves the save unfinished, which is said too. Handles inherited by a forked
-    child are its parent's business and are skipped.
-    """
-    for handle in sorted(_unreported.copy(), key=lambda h: h.step):
-        if handle._pid != os.getpid():
-            continue
-        where = f"step {handle.step} in {handle._directory}"
-        try:
-            error = handle._unreported_error()
-        except KeyboardInterrupt:
-            _say(
-                f"tlckpt: the background save of {where} was interrupted at exit (Ctrl-C)"
-                " before it finished: the set may not be committed"
-            )
-            continue
-        if error is not None:
-            _say(
-                f"tlckpt: the background save of {where} failed, nothing was committed:"
-                f" {_one_line(error)}"
-            )
-    # Every writer gone, to its last bytecode, before the interpreter finalizes: a thread
-    # still ending then is stopped where it stands, and torch aborts the process (SIGABRT).
-    # A further Ctrl-C here stops the waiting; the sets are settled by now.
-    with contextlib.suppress(KeyboardInterrupt):
-        for thread in threading.enumerate():
-            if thread.name.startswith(_WRITER_NAME) and thread is not threading.current_thread():
-                thread.join()
-
-
-def _say(line: str) -> None:
-    # stderr may be closed or broken this late; there is nowhere else to say it then.
-    with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)
-
-
-atexit.register(_report_at_exit)
-
-
-def _start_writer(work: Callable[[], Path], handle: SaveHandle) -> None:
-    """Run ``work`` for ``handle`` on a writer thread of its own (lower priority), its
-    outcome set on the handle's future.
-
-    A non-daemon thread, not an executor: the interpreter joins it before exiting, and it
-    takes no work from anything that shutdown closes. Where no thread can be started (in an
-    ``atexit`` hook, from Python 3.12 on), the save runs here, to the end.
-    """
-    future = handle._future
-
-    def run() -> None:
-        # Tracked from the moment it runs: a thread that a Ctrl-C in ``start`` kept from
-        # starting leaves nothing for the exit hook to wait for.
-        _unreported.add(handle)
-        try:
-            path = work()
-        except BaseException as exc:  # the save's failure: raised by the handle, or reported
-            future.set_exception(exc)
-        else:
-            _unreported.discard(handle)
-            future.set_result(path)
-
-    def in_thread() -> None:
-        _lower_priority()  # this thread's only (the inline fallback keeps the caller's)
-        run()
-
-    writer = _Thread(target=in_thread, name=f"{_WRITER_NAME}{handle.step}", daemon=False)
-    try:
-        writer.start()
-    except RuntimeError:  # "can't create new thread at interpreter shutdown"
-        run()
-
-
-def _finished(step: int, path: Path) -> SaveHandle:
-    future: Future = Future()
-    future.set_result(path)
-    return SaveHandle(step, future)
 
 
 def _positive(name: str, value: Any) -> int | None:
@@ -288,6 +131,7 @@ class CheckpointManager:
         self._snapshotter = Snapshotter()
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
+        self._group: Any = None  # a sharded background save's process group, made once
 
     # ------------------------------------------------------------------ saving
 
@@ -315,7 +159,8 @@ class CheckpointManager:
             random_counter: the run's random counter, if it has one.
             extra: anything else of JSON values (exactly, or refused).
             blocking: write and commit before returning (default); ``False``: copy the state
-                off the live tensors, return, and write in the background.
+                off the live tensors, return, and write in the background (a sharded model:
+                on every rank, see the module docstring).
             overwrite: replace an existing set of ``step``.
 
         Returns:
@@ -340,14 +185,14 @@ class CheckpointManager:
                     str(self._set_path(step)),
                 )
             fmt = self.model_format
+            target = self._set_path(step)
             if blocking:
                 source = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
-                target = self._set_path(step)
                 path = write_any(
                     target, step, source, overwrite=overwrite, key=self._key, remote=self._remote
                 )
-                self._retain(step)
-                return _finished(step, path)
+                self._after_commit(step, source)
+                return finished(step, path)
             live = set_source(step, model, optimizer, scheduler, random_counter, extra, fmt)
             snapshot: Any
             if isinstance(live, StructuredSource):
@@ -355,18 +200,25 @@ class CheckpointManager:
             else:
                 snapshot = self._snapshotter.capture(model, optimizer)
                 source = snapshot_source(live, snapshot)
+            if not isinstance(source, StructuredSource) and source.sharded:
+                background = self._sharded_writer(step, target, source, snapshot, overwrite)
+            else:
 
-            def background() -> Path:
-                snapshot.wait()
-                target = self._set_path(step)
-                path = write_any(
-                    target, step, source, overwrite=overwrite, key=self._key, remote=self._remote
-                )
-                self._retain(step)
-                return path
+                def background() -> Path:
+                    snapshot.wait()
+                    path = write_any(
+                        target,
+                        step,
+                        source,
+                        overwrite=overwrite,
+                        key=self._key,
+                        remote=self._remote,
+                    )
+                    self._retain(step)
+                    return path
 
             handle = SaveHandle(step, Future(), self.directory)
-            _start_writer(background, handle)
+            start_writer(background, handle)
             self._pending = handle
             return handle
 
@@ -382,6 +234,27 @@ class CheckpointManager:
         if self._remote is not None:
             return step in remote_committed_steps(self._root)
         return os.path.lexists(set_path(self.directory, step))
+
+    def _sharded_writer(
+        self, step: int, target: Path, source: SetSource, snapshot: Any, overwrite: bool
+    ) -> Callable[[], Path]:
+        if self._remote is not None:
+            raise CheckpointError(
+                "sets of sharded (DTensor) models are saved to local folders only, not to"
+                f" object storage ({self.directory})",
+                path=str(self.directory),
+            )
+        if self._group is None:  # on the calling thread, every rank alike
+            self._group = new_saving_group()
+        return sharded_background(
+            target, step, source, snapshot, overwrite, self._key, self._group, self._retain
+        )
+
+    def _after_commit(self, step: int, source: Any) -> None:
+        if isinstance(source, StructuredSource) or not source.sharded:
+            self._retain(step)
+        else:
+            retain_on_writer(step, None, self._retain)
 
     def wait(self) -> None:
         """Block until no save is in flight.

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ...codec.errors import CheckpointError
+from ...codec.errors import CheckpointError, FileChangedError
 from ...codec.sets.checkpoint_set import VerifiedSet, newest_usable
 from ...codec.sets.set_documents import parse_manifest, parse_training_state
 from ...codec.sets.set_folders import set_path
@@ -158,9 +159,15 @@ def _fit_and_commit(
     manifest: Any,
     targets: Targets,
     digests_verified: Callable[[], None] = lambda: None,
+    folder: str | os.PathLike | None = None,
 ) -> Restored:
     """Phase 2 (see :mod:`.checkpoint_sets`); ``verified`` is ``None`` on a rank that does not
     read the files.
+
+    A sharded set (``folder`` given, every rank the same): the loads open the members by
+    their paths, so that every rank reads its own pieces in parallel where the ranks share
+    a file system (:mod:`..placement.io_choice`); rank 0 checks before and after that each
+    path still names the very file it verified, unchanged.
 
     Args:
         digests_verified: returns once the members' digests (hashed while the loads are
@@ -172,9 +179,19 @@ def _fit_and_commit(
     model, optimizer = targets.model, targets.optimizer
 
     def member(role: str) -> Any:
+        if folder is not None:
+            return Path(folder) / manifest.members[role].file
         if verified is None:
             return Path(manifest.members[role].file)  # never opened on this rank
         return verified.file(role)
+
+    def still_verified(final: bool = True) -> None:
+        if verified is not None:
+            if folder is not None:
+                if final:
+                    verified.finish_digests()  # sharded: hashed aside while the ranks staged
+                _names_verified(verified)
+            verified.confirm_unchanged()
 
     def fits() -> training_state.Application:
         check_state_tensors(manifest.state, model)
@@ -183,6 +200,8 @@ def _fit_and_commit(
         return training_state.prepare(state, optimizer, targets.scheduler, targets.rng)
 
     application = placement.agree(fits)  # every rank goes on, or every rank raises
+    if folder is not None:
+        placement.agree(lambda: still_verified(final=False))
     with contextlib.ExitStack() as plans:
         try:
             if manifest.members["model"].file == MODEL_FLOAT32_FILE:
@@ -202,10 +221,7 @@ def _fit_and_commit(
             digests_verified()  # a damaged member is the reason, if there is one
             raise
         digests_verified()
-        if verified is not None:
-            placement.agree(verified.confirm_unchanged)
-        else:
-            placement.agree(lambda: None)
+        placement.agree(still_verified)
         if optimizer_plan is not None:
             member_groups = optimizer_plan.member_groups
             placement.agree(lambda: application.adopt_member(member_groups))
@@ -227,13 +243,16 @@ def _restore_sharded(
 ) -> Restored:
     """Rank 0 opens the set once, verifying (and authenticating) it and parsing its
     documents; the other ranks get the very bytes it verified and parse them; every rank
-    plans and commits (the loads are collectives)."""
+    plans and commits (the loads are collectives, reading the members by path: every rank
+    its own pieces where they share a file system)."""
     with contextlib.ExitStack() as stack:
 
         def verify() -> tuple[VerifiedSet, Any] | None:
             if not is_writer():
                 return None
-            opened = stack.enter_context(VerifiedSet.open(folder, key=key))
+            # The large members' digests are computed on a thread while every rank stages
+            # its loads (nothing live changes before they are compared: ``still_verified``).
+            opened = stack.enter_context(VerifiedSet.open(folder, key=key, streaming=True))
             return opened, opened.training_state()
 
         checked = placement.agree(verify)
@@ -242,6 +261,7 @@ def _restore_sharded(
             manifest = verified.manifest
             broadcast_bytes(verified.manifest_bytes)
             broadcast_bytes(verified.file("training_state").read())  # the handle it checked
+            stack.enter_context(_digests_aside(verified))
         else:
             verified = None
             manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
@@ -253,7 +273,49 @@ def _restore_sharded(
                 f" {manifest.version} (several objects, or a safetensors member)",
                 field="version",
             )
-        return _fit_and_commit(placement, verified, state, manifest, targets)
+        return _fit_and_commit(placement, verified, state, manifest, targets, folder=folder)
+
+
+@contextlib.contextmanager
+def _digests_aside(verified: VerifiedSet) -> Iterator[None]:
+    """Hash the streamed members (:meth:`VerifiedSet.finish_digests`) on a thread of their
+    own; the set's ``finish_digests`` then waits for it and raises what it found. Left
+    early, the block still waits (the handles close after it)."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            finish()
+        except BaseException as exc:  # re-raised by the caller's finish_digests
+            outcome.append(exc)
+
+    finish = verified.finish_digests
+    thread = threading.Thread(target=run, name="tlckpt-verify", daemon=True)
+    thread.start()
+
+    def finished() -> None:
+        thread.join()
+        if outcome:
+            raise outcome[0]
+
+    verified.finish_digests = finished  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def _names_verified(verified: VerifiedSet) -> None:
+    """Raise :class:`FileChangedError` if a member's path no longer names the file that was
+    verified (another file renamed over it): a load that opens the path would read that one."""
+    for role, opened in verified.members.items():
+        now, held = os.stat(opened.path), os.fstat(opened.file.fileno())
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise FileChangedError(
+                f"member {role} was replaced after it was verified (another file was renamed"
+                " over it)",
+                path=opened.path,
+            )
 
 
 def restore_latest(

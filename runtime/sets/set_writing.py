@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,8 @@ def live_source(
 
 def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
     """``live`` with a snapshot's copies, taken at the call, in place of the live objects
-    (a background save: the copies are written by this process alone).
+    (a background save; a sharded model's copies are DTensors over each rank's own shard
+    copies, written by every rank as the live ones are).
 
     Args:
         live: the source over the live objects (:func:`live_source`).
@@ -104,21 +106,47 @@ def snapshot_source(live: SetSource, snapshot: Snapshot) -> SetSource:
         model=snapshot.state,
         params=snapshot.params,
         optimizer=snapshot.optimizer,
-        sharded=False,
     )
 
 
 @without_gc
-def _write_members(writer: SetWriter | None, source: SetSource, target: Path) -> None:
-    """Every member through the save operations, over the placement of the model (sharded:
-    every rank takes part); ``writer`` is ``None`` on a rank that does not touch the files
-    (it takes part in the collectives only)."""
-    placement: Placement = placement_for(source.model)
+def _write_members(
+    writer: SetWriter | None,
+    source: SetSource,
+    target: Path,
+    deferred: list[BaseException] | None = None,
+) -> None:
+    """Every member through the save operations, over the placement of the model.
 
+    One process (``deferred`` is ``None``): each member streams through ``writer``'s
+    digesting writers. Sharded (``deferred`` a list): every rank passes the member's path in
+    the temporary folder ``target`` to the collective save operation, which writes it in
+    parallel (each rank its own bytes) or through rank 0 (:mod:`..placement.io_choice`)
+    and makes it durable; then rank 0 (``writer``; ``None`` on the other ranks) reads it back
+    once to digest it. A failure of rank 0's outside the operations (which end agreed) is
+    appended to ``deferred`` for the caller's verdict, never raised here, where the other
+    ranks could not follow it out of the collectives.
+    """
+    placement: Placement = placement_for(source.model)
+    digesting: list[threading.Thread] = []
+
+    def adopt(role: str, file: str, version: int, family: str | None) -> None:
+        try:
+            writer.adopt(role, file, version, family)  # type: ignore[union-attr]
+        except Exception as exc:
+            deferred.append(exc)  # type: ignore[union-attr]
+
+    @contextlib.contextmanager
     def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
-        if writer is None:
-            return contextlib.nullcontext(target / file)  # never opened on this rank
-        return writer.member(role, file, version, family)
+        if deferred is None:
+            with writer.member(role, file, version, family) as f:  # type: ignore[union-attr]
+                yield f
+            return
+        yield target / file
+        if writer is not None:  # read back and digested while the next member is written
+            thread = threading.Thread(target=adopt, args=(role, file, version, family))
+            thread.start()
+            digesting.append(thread)
 
     model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
     model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
@@ -127,16 +155,26 @@ def _write_members(writer: SetWriter | None, source: SetSource, target: Path) ->
             float32_files.save(placement, source.model, f)
         else:
             bits_files.save(placement, source.model, f, pretty=False)
-    if source.optimizer is not None:
-        with destination("optimizer", OPTIMIZER_FILE) as f:
-            version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
-        if writer is not None:
-            writer.set_version("optimizer", version)
+    version = None
+    try:
+        if source.optimizer is not None:
+            with destination("optimizer", OPTIMIZER_FILE) as f:
+                version = optimizer_files.save(placement, source.optimizer, source.params, f, None)
+    finally:
+        for thread in digesting:
+            thread.join()  # before the folder can be removed (a failure) or committed
+    if version is not None and writer is not None and "optimizer" in writer.members:
+        writer.set_version("optimizer", version)
     if writer is not None:
-        with writer.member(
-            "training_state", TRAINING_STATE_FILE, TRAINING_STATE_VERSION, TRAINING_STATE_FAMILY
-        ) as f:
-            f.write(source.training_state)
+        try:
+            with writer.member(
+                "training_state", TRAINING_STATE_FILE, TRAINING_STATE_VERSION, TRAINING_STATE_FAMILY
+            ) as f:
+                f.write(source.training_state)
+        except Exception as exc:
+            if deferred is None:
+                raise
+            deferred.append(exc)
 
 
 def open_set_writer(
@@ -178,9 +216,17 @@ def write_set(
     overwrite: bool = False,
     key: Any = None,
     remote: RemoteOptions | None = None,
+    group: Any = None,
+    failed: BaseException | None = None,
 ) -> Path | str:
     """Write and commit the set of ``step`` as the folder ``path`` (see the module
     docstring); signed with ``key`` (32 bytes, or a ``SetKey``) when given.
+
+    Args:
+        group: a sharded set's process group (every rank of the default group, in rank
+            order): a background save's own; ``None``: the default group.
+        failed: a sharded set only: this rank failed before the save began (the
+            snapshot's copies); every rank raises it, nothing is written.
 
     Returns:
         The committed set's folder (its URL, for a URL).
@@ -191,6 +237,8 @@ def write_set(
         OSError: from the file system; nothing is committed.
     """
     if not source.sharded:
+        if failed is not None:
+            raise failed
         with open_set_writer(path, step, overwrite=overwrite, key=key, remote=remote) as writer:
             _write_members(writer, source, Path(writer.path))
             return writer.commit(source.state)
@@ -200,29 +248,41 @@ def write_set(
             f" object storage ({path})",
             path=str(path),
         )
-    return _write_sharded(path, step, source, overwrite, key)
+    from ..placement.collectives import bound_group
+
+    with bound_group(group):
+        return _write_sharded(path, step, source, overwrite, key, failed)
 
 
 def _write_sharded(
-    path: str | os.PathLike, step: int, source: SetSource, overwrite: bool, key: Any = None
+    path: str | os.PathLike,
+    step: int,
+    source: SetSource,
+    overwrite: bool,
+    key: Any = None,
+    failed: BaseException | None = None,
 ) -> Path:
-    """Every rank writes its part through the collective save functions; rank 0 commits
-    the manifest once every rank has confirmed (every member's bytes pass through rank 0's
-    digesting writers, keyed when the set is signed)."""
-    from ..placement.collectives import is_writer, share_verdict, world_size
+    """Every rank writes its part through the collective save functions, into the
+    temporary folder rank 0 created; rank 0 digests each member (keyed when the set is
+    signed) and commits the manifest once every rank has confirmed. A failure on any rank,
+    at any step, is raised on every rank, and nothing is committed."""
+    from ..placement.collectives import broadcast_json, is_writer, share_verdict, world_size
+    from ..placement.io_choice import one_probe
 
     with contextlib.ExitStack() as stack:
         writer: SetWriter | None = None
-        error: BaseException | None = None
-        if is_writer():
+        error: BaseException | None = failed
+        if is_writer() and error is None:
             try:
                 writer = stack.enter_context(SetWriter(path, step, overwrite=overwrite, key=key))
             except Exception as exc:  # shared below: every rank raises it
                 error = exc
         share_verdict(error)
-        target = Path(writer.path) if writer is not None else Path(path)
-        _write_members(writer, source, target)  # collectives: every rank, same order
-        share_verdict(None)  # every rank's part is written
+        target = Path(broadcast_json(writer.path if writer is not None else None))
+        deferred: list[BaseException] = []
+        with one_probe():  # the members share the temporary folder: one probe
+            _write_members(writer, source, target, deferred)  # collectives: every rank
+        share_verdict(deferred[0] if deferred else None)  # every rank's part is written
         error = None
         final = Path(path)
         if writer is not None:

@@ -14,6 +14,10 @@ parameter slots, and a stand-in optimizer of the same class whose param groups a
 hold the copies. The set's writers take those exactly as they take the live objects, so a
 background set is written by the same code as a blocking one.
 
+A sharded model's DTensors are copied shard by shard, each rank its own, and stay DTensors
+of the same layout over the host copies: the set's sharded writers take them as they take
+the live ones (every rank writes its part, :mod:`.set_writing`).
+
 Only one snapshot of a snapshotter is alive at a time: its arena is reused by the next
 capture (a manager's next save waits for the previous one first).
 """
@@ -27,8 +31,7 @@ from typing import Any
 
 import torch
 
-from ...codec.errors import CheckpointError
-from ..binding.dtensors import sharded
+from ..binding.dtensors import dtensor_over, local_tensor
 from ..binding.slots import view_key
 from ..ops.state_tensors import NamedTensors, state_tensors
 
@@ -113,9 +116,6 @@ class Snapshotter:
 
         Returns:
             The snapshot; its device copies may still be in flight (:meth:`Snapshot.wait`).
-
-        Raises:
-            CheckpointError: the model holds DTensors (sharded models are saved blocking).
         """
         taken = self.capture_many([model], [] if optimizer is None else [optimizer])
         state = taken.states[0]
@@ -129,14 +129,10 @@ class Snapshotter:
         """Copy the state of several models and optimizers now, into the one arena (a set
         of several: every distinct tensor once, whichever model or optimizer holds it).
 
-        Raises:
-            CheckpointError: a model holds DTensors (sharded models are saved blocking).
+        A DTensor (a sharded model's parameter, its optimizer's moments) is copied as this
+        rank's shard alone, and the copy is a DTensor of the same layout over the host
+        copy (:func:`~..binding.dtensors.dtensor_over`): no communication.
         """
-        if any(sharded(model) for model in models):
-            raise CheckpointError(
-                "a background save (blocking=False) of a sharded model is not supported:"
-                " save it with blocking=True"
-            )
         nameds: list[NamedTensors] = [state_tensors(model) for model in models]
         slots = [p for model in models for _, p in model.named_parameters(remove_duplicate=False)]
         moments: list[tuple[Any, str, torch.Tensor]] = []
@@ -154,17 +150,19 @@ class Snapshotter:
             if key not in order:
                 order[key] = len(lives)
                 lives.append(t)
+        shards = [local_tensor(t) for t in lives]  # a DTensor's own shard; else itself
         offsets, total = [], 0
-        for t in lives:
+        for t in shards:
             offsets.append(total)
             total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        pin = any(t.is_cuda for t in lives) and torch.cuda.is_available()
+        pin = any(t.is_cuda for t in shards) and torch.cuda.is_available()
         arena = self._arena_of(total, pin)
-        copies = [
+        landed = [
             arena[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            for o, t in zip(offsets, lives)
+            for o, t in zip(offsets, shards)
         ]
-        events = self._copy(lives, copies)
+        events = self._copy(shards, landed)
+        copies = [dtensor_over(c, t) for c, t in zip(landed, lives)]
         # Parameters become parameters again (the optimizer's writer reads requires_grad).
         as_param: dict[int, torch.Tensor] = {}
         for p in slots:

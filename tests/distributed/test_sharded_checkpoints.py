@@ -329,15 +329,17 @@ def test_a_failure_on_any_rank_at_any_phase_of_a_parallel_save_or_load(groups, l
 
 
 def test_checkpoint_set_of_a_sharded_model(groups):
-    """Every rank saves and restores; rank 0 writes the members (the model member is the
-    single-process file) and commits the manifest once every rank has confirmed."""
+    """Every rank saves and restores; every rank writes its own bytes of each member (the
+    model member is the single-process file), rank 0 digests them and commits the manifest
+    once every rank has confirmed."""
     results = report(groups, 2, "checkpoint_sets")
     assert results[0]["same_model"] is True and results[0]["world_size"] == 2
     for r in results:
         assert r["steps"] == [K]
         assert r["counter"] == K
         assert r["after_restore"] == []
-        assert "not supported" in r["background"]
+        assert r["background"] == [K + 1]
+        assert r["route"] == "parallel"
         refused = r["structured"]
         assert "sharded (DTensor) model" in refused["sequence"], refused
         assert "not supported for a sharded model" in refused["safetensors"], refused

@@ -16,17 +16,20 @@ from sharded_support import K, differences, snapshot
 from worker_common import MINE, check, on_writer, sharded_model
 
 import tlckpt
+from tlckpt.runtime.placement.sharded_io import last_sharded_io
 from tlckpt.testing.models import train
 
 
 @check
 def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint set of the sharded run: every rank saves, rank 0 commits; its model
-    member is the single-process file; a restore into fresh shards equals the saved run."""
+    """A checkpoint set of the sharded run: every rank writes its own bytes of each member
+    (the parallel path), rank 0 digests them and commits; its model member is the
+    single-process file; a restore into fresh shards equals the saved run."""
     model, opt = sharded_model(ctx["mesh"], seed=0)
     counter = train(model, opt, 0, K)
     manager = tlckpt.CheckpointManager(MINE / "sets")
     folder = manager.save(K, model=model, optimizer=opt, random_counter=counter).wait()
+    route = last_sharded_io().route
     dist.barrier()
     same_model = on_writer(
         lambda: (folder / "model.tlsf32").read_bytes() == (MINE / "model.tlsf32").read_bytes()
@@ -36,11 +39,10 @@ def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
     fresh, fresh_opt = sharded_model(ctx["mesh"], seed=4321)
     restored = manager.restore(model=fresh, optimizer=fresh_opt)
     after = differences(snapshot(fresh, fresh_opt), saved)
-    try:
-        manager.save(K + 1, model=model, optimizer=opt, blocking=False)
-        background = "accepted"
-    except tlckpt.CheckpointError as exc:
-        background = str(exc)
+    # A background save of the sharded run (test_sharded_background.py has the rest).
+    background_manager = tlckpt.CheckpointManager(MINE / "sets-background")
+    background_manager.save(K + 1, model=model, optimizer=opt, blocking=False).wait()
+    background = background_manager.steps()
     # Version-2 sets (several objects, a safetensors member) of a sharded model: refused on
     # every rank before any collective, nothing written.
     structured = {}
@@ -64,6 +66,7 @@ def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
         "counter": restored.random_counter,
         "after_restore": after,
         "background": background,
+        "route": route,
     }
 
 

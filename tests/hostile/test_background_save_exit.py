@@ -160,14 +160,14 @@ def test_a_background_save_runs_inline_where_no_writer_thread_can_start(
     import torch
 
     import tlckpt
-    from tlckpt.runtime.sets import checkpoint_manager
+    from tlckpt.runtime.sets import writer_threads
 
     class Refused(threading.Thread):
         def start(self) -> None:
             raise RuntimeError("can't create new thread at interpreter shutdown")
 
     # The module's own name for it: every other thread of the process starts as usual.
-    monkeypatch.setattr(checkpoint_manager, "_Thread", Refused)
+    monkeypatch.setattr(writer_threads, "_Thread", Refused)
     model = torch.nn.Linear(4, 4)
     handle = tlckpt.CheckpointManager(tmp_path).save(3, model=model, blocking=False)
     assert handle.done()

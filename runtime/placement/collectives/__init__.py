@@ -1,7 +1,8 @@
 """The collectives of a sharded checkpoint: shared verdicts and one-tensor-at-a-time streams.
 
 Every function and method here that communicates is a collective over the default process
-group: all ranks call it, in the same order, with the same sizes. Rank :data:`WRITER` (0)
+group (or the one this thread bound, :func:`bound_group`: a background save's own): all
+ranks call it, in the same order, with the same sizes. Rank :data:`WRITER` (0)
 is the only one that touches the file.
 
 * :mod:`.group` — who this rank is, where tensors travel, which rows a rank holds (no
@@ -29,13 +30,27 @@ device for NCCL), so the same code runs on either; nothing is pickled.
 """
 
 from .gather import GatherStream
-from .group import WRITER, check_mesh, is_writer, rank, row_shards, wire_device, world_size
+from .group import (
+    WRITER,
+    bound_group,
+    check_mesh,
+    current_group,
+    is_writer,
+    new_saving_group,
+    rank,
+    row_shards,
+    wire_device,
+    world_size,
+)
 from .scatter import ScatterStream
 from .stream import writer_runs
 from .verdicts import all_agree, all_rows, broadcast_bytes, broadcast_json, share_verdict
 
 __all__ = [
     "WRITER",
+    "bound_group",
+    "current_group",
+    "new_saving_group",
     "writer_runs",
     "rank",
     "world_size",

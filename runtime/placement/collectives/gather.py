@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor
 
 from ....codec.errors import CheckpointError
 from ...binding.dtensors import is_dtensor, local_tensor
-from .group import WRITER, as_bytes, is_writer, row_shards, wire_device
+from .group import WRITER, as_bytes, current_group, is_writer, row_shards, wire_device
 from .stream import Stream
 
 __all__ = ["GatherStream"]
@@ -83,13 +83,23 @@ class GatherStream(Stream):
             return t.detach() if is_writer() else None
         rows = row_shards(t)
         if rows is None:
+            if current_group() is not None:
+                # full_tensor() runs over the mesh's groups: the trainer's, not ours.
+                raise CheckpointError(
+                    f"a DTensor placed {tuple(t.placements)} cannot be gathered to rank 0"
+                    " off the trainer's process group (a background save): the parallel"
+                    " path writes it where every rank sees the same file system; else"
+                    " save with blocking=True"
+                )
             full = _full_tensor(t)
             return full if is_writer() else None
         device = wire_device()
         local = local_tensor(t)
         if not is_writer():
             if local.numel():
-                dist.send(as_bytes(local.to(device).contiguous()), dst=WRITER)
+                dist.send(
+                    as_bytes(local.to(device).contiguous()), dst=WRITER, group=current_group()
+                )
             return None
         full = self._buffer(lane, t, device)
         for source, (lo, hi) in enumerate(rows):
@@ -98,7 +108,7 @@ class GatherStream(Stream):
             if source == WRITER:
                 full[lo:hi].copy_(local)
             else:
-                dist.recv(as_bytes(full[lo:hi]), src=source)
+                dist.recv(as_bytes(full[lo:hi]), src=source, group=current_group())
         return full
 
     def take(self, index: int) -> torch.Tensor:

@@ -1,10 +1,21 @@
-"""The default process group as a checkpoint sees it: ranks, the wire, each rank's rows.
+"""The process group as a checkpoint sees it: ranks, the wire, each rank's rows.
 
 Nothing here communicates: these are questions one rank answers alone, the same way on
 every rank.
+
+Collectives run over the default process group, unless this thread has bound another
+(:func:`bound_group`): a background save's writer thread runs every collective of its save
+over a group of its own (made with ``dist.new_group`` on the main thread, over every rank
+in rank order, so that group ranks are global ranks), never over the trainer's group, whose
+collectives the training thread is issuing meanwhile.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,20 +33,63 @@ __all__ = [
     "row_shards",
     "check_mesh",
     "as_bytes",
+    "bound_group",
+    "current_group",
+    "new_saving_group",
 ]
 
 #: The rank that reads and writes the file.
 WRITER = 0
 
 
+_bound = threading.local()
+
+
+def current_group() -> Any:
+    """The process group this thread's collectives run over (``None``: the default one)."""
+    return getattr(_bound, "group", None)
+
+
+@contextlib.contextmanager
+def bound_group(group: Any) -> Iterator[None]:
+    """Run this thread's collectives over ``group`` inside the block (``None``: the default
+    group). ``group`` must span every rank of the default group, in rank order."""
+    before = current_group()
+    _bound.group = group
+    try:
+        yield
+    finally:
+        _bound.group = before
+
+
+def new_saving_group() -> Any:
+    """Collective (every rank, on the main thread, in the same order as the trainer's other
+    group creations): a new gloo process group over every rank of the default group, in
+    rank order, for a background save's collectives. Gloo whatever the trainer's backend:
+    what a background save moves are host copies."""
+    ranks = list(range(dist.get_world_size()))
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=_trainers_timeout())
+
+
+def _trainers_timeout() -> Any:
+    """The default group's timeout, so that a rank that never joins a save fails the others'
+    saves as the trainer's own collectives would (else gloo's default, 30 minutes). Read
+    through private attributes: ``None`` (the default) where this torch has none."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return group._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError, ValueError):  # no CPU backend, another torch
+        return None
+
+
 def rank() -> int:
-    """This process's rank in the default process group."""
-    return dist.get_rank()
+    """This process's rank in the process group of this thread's collectives."""
+    return dist.get_rank(current_group())
 
 
 def world_size() -> int:
-    """The number of ranks in the default process group."""
-    return dist.get_world_size()
+    """The number of ranks in the process group of this thread's collectives."""
+    return dist.get_world_size(current_group())
 
 
 def is_writer() -> bool:
@@ -44,10 +98,10 @@ def is_writer() -> bool:
 
 
 def wire_device() -> torch.device:
-    """Where tensors that travel through the default group must be: CPU when its backend
+    """Where tensors that travel through this thread's group must be: CPU when its backend
     takes CPU tensors (gloo, mpi, or a ``cpu:gloo,cuda:nccl`` pair), else the current
     accelerator (NCCL takes CUDA tensors only)."""
-    backend = str(dist.get_backend()).lower()
+    backend = str(dist.get_backend(current_group())).lower()
     if "cpu" in backend or backend in ("gloo", "mpi"):
         return torch.device("cpu")
     if torch.cuda.is_available():

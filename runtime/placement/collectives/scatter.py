@@ -10,7 +10,7 @@ from torch.distributed.tensor import distribute_tensor
 
 from ....codec.errors import CheckpointError, SchemaMismatchError
 from ...binding.dtensors import is_dtensor, local_tensor
-from .group import WRITER, as_bytes, is_writer, wire_device
+from .group import WRITER, as_bytes, current_group, is_writer, wire_device
 from .stream import Stream
 
 __all__ = ["ScatterStream"]
@@ -87,7 +87,7 @@ class ScatterStream(Stream):
         word = torch.tensor([0 if index is None else index], dtype=torch.int64)
         word = word.to(wire_device())
         try:
-            dist.broadcast(word, src=WRITER)
+            dist.broadcast(word, src=WRITER, group=current_group())
         except Exception as exc:  # no rank can know what follows: the stream ends here
             if self.error is None:
                 self.error = exc
@@ -109,7 +109,7 @@ class ScatterStream(Stream):
         part = None
         try:
             if wire.numel():
-                dist.broadcast(as_bytes(wire), src=WRITER)
+                dist.broadcast(as_bytes(wire), src=WRITER, group=current_group())
             if self.error is None:
                 part = _part_of(wire, like)
         except Exception as exc:  # shared through the verdict, never raised alone

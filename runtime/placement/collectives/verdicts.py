@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ....codec import errors as checkpoint_errors
 from ....codec.errors import CheckpointError, SchemaMismatchError
-from .group import WRITER, rank, wire_device, world_size
+from .group import WRITER, current_group, rank, wire_device, world_size
 
 __all__ = ["share_verdict", "broadcast_bytes", "broadcast_json", "all_rows", "all_agree"]
 
@@ -86,7 +86,7 @@ def share_verdict(error: BaseException | None, layout: bytes = b"") -> None:
     digest = layout.ljust(32, b"\0")[:32]
     mine = torch.tensor([error is not None, *digest], dtype=torch.uint8, device=device)
     everyone = [torch.empty_like(mine) for _ in range(world_size())]
-    dist.all_gather(everyone, mine)
+    dist.all_gather(everyone, mine, group=current_group())
     rows = [bytes(t.cpu().tolist()) for t in everyone]
     failed = [r for r, row in enumerate(rows) if row[0]]
     if not failed:
@@ -115,13 +115,13 @@ def broadcast_bytes(data: bytes | None, source: int = WRITER) -> bytes:
     """Collective: ``source``'s bytes on every rank."""
     device = wire_device()
     size = torch.tensor([len(data) if rank() == source else 0], dtype=torch.int64, device=device)
-    dist.broadcast(size, src=source)
+    dist.broadcast(size, src=source, group=current_group())
     if rank() == source:
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     else:
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if payload.numel():
-        dist.broadcast(payload, src=source)
+        dist.broadcast(payload, src=source, group=current_group())
     return bytes(payload.cpu().tolist()) if rank() != source else data
 
 
@@ -136,7 +136,7 @@ def all_rows(row: bytes) -> list[bytes]:
     device = wire_device()
     mine = torch.tensor(list(row), dtype=torch.uint8, device=device)
     everyone = [torch.empty_like(mine) for _ in range(world_size())]
-    dist.all_gather(everyone, mine)
+    dist.all_gather(everyone, mine, group=current_group())
     return [bytes(t.cpu().tolist()) for t in everyone]
 
 
