@@ -232,7 +232,9 @@ def load_module_state(
     if family == JSON:
         bits_files.plan_load(placement, module_or_tensors, path).commit()
         return None
-    with float32_files.plan_load(placement, module_or_tensors, path, staged=staged) as plan:
+    with float32_files.plan_load(
+        placement, module_or_tensors, path, staged=staged, lease=True
+    ) as plan:
         plan.commit()
     return None
 

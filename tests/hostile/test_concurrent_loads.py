@@ -26,11 +26,20 @@ from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
 from tlckpt.codec import FileChangedError, PartialLoadError, TruncatedError
-from tlckpt.codec.fileio import transfer
+from tlckpt.codec.fileio import leases, transfer
 from tlckpt.codec.model_state import state_bits as state_bits_module
 from tlckpt.runtime.ops import float32_bulk, float32_files
 
 lm = fuzz_module("live_model")
+
+
+@pytest.fixture(autouse=True)
+def _no_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests change the file from the loading process itself, which a read lease would
+    make wait (up to the kernel's lease-break time) until the load ends: they test the
+    staged path, taken wherever no lease is granted. Leased loads racing other processes:
+    ``test_load_leases.py``."""
+    monkeypatch.setattr(leases, "read_lease", lambda f: None)
 
 
 class _Model(torch.nn.Module):
@@ -187,6 +196,7 @@ def test_read_errors_during_an_in_place_load_become_partial_load_errors(
         setup.load()
     assert isinstance(info.value.__cause__, OSError)
     monkeypatch.undo()
+    monkeypatch.setattr(leases, "read_lease", lambda f: None)  # undone with the hook
     setup.set("old")
     _hook_payload_pass(monkeypatch, 2, fail)
     with pytest.raises(OSError):  # staged: the OSError itself, nothing live touched
