@@ -3,8 +3,9 @@
 Model state (``big1``, ``big48``, ``small``, ``gpt2``):
 
 ==============  =====================================================================
-tlckpt          ``save_module_state``; ``load_module_state`` staged (the default) and
-                ``staged=False`` (in place)
+tlckpt          ``save_module_state``; ``load_module_state``: the default (``default``:
+                under a read lease, in place), the default where no lease is granted
+                (``staged``) and ``staged=False`` (``in place``)
 torch           ``torch.save(state_dict)`` + fsync; ``torch.load(weights_only=True)`` +
                 ``load_state_dict``
 safetensors     ``save_file`` + fsync; ``load_file`` + ``load_state_dict`` (``save_model``
@@ -122,7 +123,8 @@ def state_ways(module: torch.nn.Module, folder: str) -> tuple[dict[str, Way], Lo
                 f.readinto(view)
 
     loads = {
-        "tlckpt staged": Way(lambda: tlckpt.load_module_state(module, paths["tlsf32"])),
+        "tlckpt default": Way(lambda: tlckpt.load_module_state(module, paths["tlsf32"])),
+        "tlckpt staged": Way(lambda: _without_leases(module, paths["tlsf32"])),
         "tlckpt in place": Way(
             lambda: tlckpt.load_module_state(module, paths["tlsf32"], staged=False)
         ),
@@ -133,6 +135,21 @@ def state_ways(module: torch.nn.Module, folder: str) -> tuple[dict[str, Way], Lo
         "raw mmap+copy_": Way(lambda: _mmap_copy(paths["raw"], tensors)),
     }
     return saves, loads
+
+
+def _without_leases(module: torch.nn.Module, path: str) -> None:
+    """The default load where no read lease is granted (another process holds the file open
+    for writing, NFS, ...): it stages. The lease is refused here the way such a file
+    system refuses it."""
+    import tlckpt
+    from tlckpt.codec.fileio import leases
+
+    real = leases.read_lease
+    leases.read_lease = lambda f: None  # type: ignore[assignment]
+    try:
+        tlckpt.load_module_state(module, path)
+    finally:
+        leases.read_lease = real  # type: ignore[assignment]
 
 
 def _preadv_threads(path: str, views: list[memoryview], threads: int) -> None:
