@@ -46,9 +46,12 @@ PROBES: dict[str, list[tuple[str, str, str, str]]] = {
         ("state", "load", "raw mmap+copy_", "cold"),
         *(("state", "save", w, "warm") for w in ("tlckpt", "torch", "safetensors")),
     ],
-    "big48": [("state", "load", w, "cold") for w in _BIG_LOADS],
+    # Fewer cold probes where no goal is cold (each probe is a fresh process).
+    "big48": [
+        ("state", "load", w, "cold") for w in ("tlckpt default", "tlckpt in place", "safetensors")
+    ],
     "small": [
-        *(("state", "load", w, "cold") for w in _BIG_LOADS),
+        *(("state", "load", w, "cold") for w in ("tlckpt default", "tlckpt in place")),
         ("state", "save", "tlckpt", "warm"),
     ],
     "gpt2": [
