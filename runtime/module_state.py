@@ -12,10 +12,13 @@ frozen ones included) and persistent buffers, without names (FORMAT.md §4;
 or bool tensor (BatchNorm's ``num_batches_tracked``) travels in it only when the conversion is
 exact both ways.
 
-Loading is all or nothing. The default, staged, load reads and checks the whole file into
-fresh host memory, verifies the file did not change meanwhile, and only then copies every
-value into its live tensor (device, dtype and storage stay, so tied parameters stay tied and
-optimizers keep pointing at the same tensors) with Ctrl-C held back until the copies are
+Loading is all or nothing. The default load of a path first takes a read lease on the file
+(:mod:`~tlckpt.codec.fileio.leases`; Linux): while it is held nobody can open the file for
+writing, so once the whole file is checked its payloads are read straight into the live
+tensors. Where no lease is granted it stages: it reads and checks the whole file into fresh
+host memory, verifies the file did not change meanwhile, and only then copies every value
+into its live tensor. Either way device, dtype and storage stay (tied parameters stay tied,
+optimizers keep pointing at the same tensors), and Ctrl-C is held back until the copies are
 done. The in-place load (``staged=False``) checks the whole file first, then reads each
 payload straight into its tensor: no copy of the state, but a file changed or truncated by
 another process during that pass leaves a partial update, reported as
@@ -166,7 +169,17 @@ def load_module_state(
     One open handle serves every pass. The first checks the whole file (tensor count, every
     shape, sizes, the end of file) without touching the model. Then:
 
-    * ``staged=True`` (the default): every payload is read into fresh host memory, where
+    * ``staged=True`` (the default), for a path on which this process gets a read lease
+      (Linux; nobody has the file open for writing; the process owns the file or has
+      ``CAP_LEASE``; a file system that grants leases): the lease is taken before the first
+      pass, so no other process can open the file for writing or truncate it until the
+      load ends (such an ``open`` waits). The checks of ``staged=False``'s checking pass run
+      (integer values, tied copies compared in the file), then the payloads are read
+      straight into the live tensors with Ctrl-C held back: no copy of the state. A read
+      error of the disk during that copy (or a writer that waited longer than the kernel's
+      lease-break time) is a :class:`PartialLoadError`.
+    * ``staged=True`` where no lease is granted (or for a file object): every payload is read
+      into fresh host memory, where
       integer tensors' values are checked to convert exactly and the copies of a tied
       tensor to agree; the file is checked not to have changed since the first pass began;
       only then is every value copied into its live tensor, with Ctrl-C held back until the
@@ -206,9 +219,10 @@ def load_module_state(
             float32; the model is unchanged.
         FileChangedError: another process changed the file during the load; the model is
             unchanged.
-        PartialLoadError: only with ``staged=False``: the file changed, was truncated or
-            could not be read after live tensors had been overwritten; the message says how
-            many, and ``__cause__`` why.
+        PartialLoadError: with ``staged=False``: the file changed, was truncated or could
+            not be read after live tensors had been overwritten; under a read lease: a read
+            failed, or a writer outwaited the lease, during the copy. The message says how
+            many tensors were overwritten, and ``__cause__`` why.
         OSError: from the file system; the model is unchanged (with ``staged=False``, an
             ``OSError`` during the copying pass becomes a :class:`PartialLoadError`).
 
@@ -232,7 +246,9 @@ def load_module_state(
     if family == JSON:
         bits_files.plan_load(placement, module_or_tensors, path).commit()
         return None
-    with float32_files.plan_load(placement, module_or_tensors, path, staged=staged) as plan:
+    with float32_files.plan_load(
+        placement, module_or_tensors, path, staged=staged, lease=True
+    ) as plan:
         plan.commit()
     return None
 

@@ -2,7 +2,8 @@
 
 Holds :mod:`.source` (a file opened for reading, its stamp, bounded reads), :mod:`.atomic`
 (write a temporary, fsync, rename, fsync the folder), :mod:`.transfer` (payloads moved by
-address with ``preadv``/``pwritev``), :mod:`.staging` (byte comparison of staged buffers),
+address with ``preadv``/``pwritev``), :mod:`.leases` (read leases: a file nobody can change
+while a load reads it), :mod:`.staging` (byte comparison of staged buffers),
 :mod:`.gcpause` (the garbage collector held off during a large read) and :mod:`.interrupts`
 (Ctrl-C deferred while live state is written).
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from ...codec.errors import CheckpointError, PartialLoadError
+from ...codec.errors import CheckpointError, FileChangedError, PartialLoadError
+from ...codec.fileio.leases import ReadLease
 from ...codec.fileio.source import PathOrFile
 from ...codec.fileio.staging import fresh_bytes, same_bytes
 from ...codec.fileio.transfer import Extents, address_of, copy_extents
@@ -249,12 +250,14 @@ class _InPlacePlan(Plan):
         named: NamedTensors,
         copies: dict[int, int],
         resources: contextlib.ExitStack,
+        lease: ReadLease | None = None,
     ):
         self.file = file
         self.layout = layout
         self.named = named
         self.copies = copies
         self.resources = resources
+        self.lease = lease
 
     def close(self) -> None:
         self.resources.close()
@@ -263,17 +266,22 @@ class _InPlacePlan(Plan):
         """The copying pass, with Ctrl-C held back throughout: the tensors that are not
         plain one by one, then the plain ones in bulk, straight into their memory.
 
+        Under a read lease the file cannot have changed since it was checked; the lease is
+        checked once more at the end (:meth:`~tlckpt.codec.fileio.leases.ReadLease.intact`).
+
         Raises:
             PartialLoadError: the file changed, was truncated or could not be read after
-                live tensors had been overwritten.
+                live tensors had been overwritten (under a lease: the disk failed to read,
+                or a writer outwaited the kernel's lease-break time).
         """
         named = self.named
         records = written(named, self.copies)
         plain, addresses, rest = _plain(named, records)
         live = [named[i][1] for i in plain]
-        installer = _Installer(
-            named, set(rest), HostBuffer(pin=any(named[i][1].is_cuda for i in rest))
-        )
+        staging = HostBuffer(pin=any(named[i][1].is_cuda for i in rest))
+        if rest:  # its largest size now: no allocation to fail once live tensors change
+            staging.tensor(max(named[i][1].numel() for i in rest), torch.float32)
+        installer = _Installer(named, set(rest), staging)
         touched = 0  # plain tensors whose memory a read may have changed so far
 
         def progress(through: int) -> None:
@@ -287,17 +295,28 @@ class _InPlacePlan(Plan):
                 if plain:
                     read_float32_extents(self.file, self.layout, plain, addresses, live, progress)
                     _bump_versions(live)
+                if self.lease is not None and not self.lease.intact():
+                    touched = len(plain)
+                    raise FileChangedError(
+                        "a writer waited for the file longer than the kernel's lease-break"
+                        " time during the load, which may have let it change the file",
+                        field="lease",
+                    )
             except Exception as exc:
                 done = touched + installer.written
                 if not done:
                     raise  # refused before the first write: the model is unchanged
                 total = len(records)
                 reason = exc.reason if isinstance(exc, CheckpointError) else str(exc)
+                advice = (
+                    " (under a read lease: only a failing disk or an outwaited lease does this)"
+                    if self.lease is not None
+                    else "; a staged load never leaves a model like this"
+                )
                 raise PartialLoadError(
                     f"the model was partially updated: {done} of {total} tensors"
                     f" had been overwritten when the in-place load failed ({reason}). Load a"
-                    " complete file again or restore the model; a staged load (the default)"
-                    " never leaves a model like this",
+                    f" complete file again or restore the model{advice}",
                     actual=done,
                     expected=total,
                     path=getattr(exc, "path", None) or getattr(exc, "filename", None),
@@ -310,9 +329,10 @@ def plan_in_place(
     named: NamedTensors,
     copies: dict[int, int],
     resources: contextlib.ExitStack,
+    lease: ReadLease | None = None,
 ) -> Plan:
     """A local in-place load of a checked file: the checking pass now (tied copies,
     integer values), the copying pass in the plan's commit, which holds ``resources`` (the
-    open file) until it is closed."""
+    open file, and ``lease`` on it if any) until it is closed."""
     _precheck(f, layout, named, copies)
-    return _InPlacePlan(f, layout, named, copies, resources)
+    return _InPlacePlan(f, layout, named, copies, resources, lease)

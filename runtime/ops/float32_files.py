@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from ...codec.fileio.leases import ReadLease, leased
 from ...codec.fileio.source import PathOrFile, open_regular
 from ...codec.model_state.float32_state import (
     StateLayout,
@@ -129,15 +130,28 @@ _CheckedFile = tuple[BinaryIO, StateLayout]
 
 
 def plan_load(
-    placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrFile, *, staged: bool
+    placement: Placement,
+    module_or_tensors: ModuleOrTensors,
+    path: PathOrFile,
+    *,
+    staged: bool,
+    lease: bool = False,
 ) -> Plan:
     """Check a ``TLSF32B`` file against the state and stage its values (see
     :func:`~tlckpt.runtime.load_module_state`); nothing live changes.
 
+    With ``lease`` (and ``staged``), a local load of a path first takes a read lease on the
+    file (:mod:`~tlckpt.codec.fileio.leases`): where one is granted nobody can change the
+    file until the plan is closed, so the plan is an in-place one, whose commit reads the
+    payloads straight into the live tensors and fails only if the disk does (or a writer
+    outwaited the kernel's lease-break time); where none is granted, it stages. Callers that
+    commit the plan at once (not alongside others) may ask for it.
+
     Returns:
         The plan; its commit writes the live tensors (in place: the copying pass, from the
-        file the plan holds open).
+        file the plan holds open, under its lease if it has one).
     """
+    held: ReadLease | None = None
     with contextlib.ExitStack() as stack:
 
         def check() -> tuple[NamedTensors, dict[int, int]]:
@@ -157,7 +171,10 @@ def plan_load(
         def validate() -> _CheckedFile | None:
             if not (parallel or placement.touches_file):
                 return None
+            nonlocal held
             f = stack.enter_context(_opened(path))
+            if lease and staged and not parallel and isinstance(path, (str, os.PathLike)):
+                held = stack.enter_context(leased(f))  # before the checks: they then hold
             return f, validate_float32_state(f, [tuple(t.shape) for _, t in named])
 
         # In parallel every rank validated the file itself: they must have found the same.
@@ -168,8 +185,10 @@ def plan_load(
         if parallel:
             return _read_own_pieces(placement, named, copies, *checked)  # type: ignore[misc]
         if route is Route.LOCAL_BULK and checked is not None:  # one process: it read the file
-            if not staged:
-                return float32_bulk.plan_in_place(*checked, named, copies, stack.pop_all())
+            if not staged or held is not None:
+                return float32_bulk.plan_in_place(
+                    *checked, named, copies, stack.pop_all(), lease=held
+                )
             return float32_bulk.stage(*checked, named, copies)
         sent = written(named, copies)
         receiver = placement.receiver([named[i][1] for i in sent])

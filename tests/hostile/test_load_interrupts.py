@@ -21,7 +21,7 @@ import torch
 from hostile_support import campaign_report, fuzz_module
 
 import tlckpt
-from tlckpt.codec.fileio import transfer
+from tlckpt.codec.fileio import leases, transfer
 from tlckpt.runtime.commit import plans
 from tlckpt.runtime.ops import bits_files, float32_bulk
 
@@ -42,12 +42,23 @@ def _python_sigint_handler() -> Iterator[None]:
     signal.signal(signal.SIGINT, before)
 
 
-def _setup(tmp_path: Path, mode: str) -> Any:
+#: The modes: ``tlsf32-leased`` is the default load where a read lease is granted (then it
+#: copies in place, under the lease), ``tlsf32-staged`` the same call where none is.
+MODES = ["tlsf32-staged", "tlsf32-leased", "tlsf32-in-place", "json"]
+_IN_PLACE = ("tlsf32-in-place", "tlsf32-leased")
+
+
+def _setup(tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A 48-tensor model (Linear, BatchNorm, an int64 buffer) at OLD values; its file holds
     NEW ones (2,000 small tensors for JSON)."""
-    setup = lm.LiveModel(mode, tmp_path / "m", {"old": 1, "new": 2})
+    if mode == "tlsf32-staged":
+        monkeypatch.setattr(leases, "read_lease", lambda f: None)
+    live_mode = "tlsf32-staged" if mode == "tlsf32-leased" else mode
+    setup = lm.LiveModel(live_mode, tmp_path / "m", {"old": 1, "new": 2})
     setup.save("new")
     setup.set("old")
+    if mode == "tlsf32-leased":
+        assert leases.lease_possible(setup.path), "this file system grants no read lease"
     return setup
 
 
@@ -62,7 +73,7 @@ def _signalling(pairs: Any, trigger: Callable[[], None]) -> Iterator[Any]:
 def _signal_inside_the_commit(
     monkeypatch: pytest.MonkeyPatch, mode: str, trigger: Callable[[], None]
 ) -> None:
-    if mode == "tlsf32-in-place":  # the commit is the copying pass: signal after its third tensor
+    if mode in _IN_PLACE:  # the commit is the copying pass: signal after its third tensor
         real = float32_bulk.read_float32_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)  # a read per payload (and header)
 
@@ -92,11 +103,11 @@ def _signal_inside_the_commit(
 
 
 @pytest.mark.parametrize("trigger", sorted(TRIGGERS))
-@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place", "json"])
+@pytest.mark.parametrize("mode", MODES)
 def test_interrupt_inside_the_commit_is_raised_after_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, trigger: str
 ) -> None:
-    setup = _setup(tmp_path, mode)
+    setup = _setup(tmp_path, mode, monkeypatch)
     _signal_inside_the_commit(monkeypatch, mode, TRIGGERS[trigger])
     with pytest.raises(KeyboardInterrupt):
         setup.load()
@@ -104,11 +115,11 @@ def test_interrupt_inside_the_commit_is_raised_after_it(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.mark.parametrize("mode", ["tlsf32-staged", "tlsf32-in-place", "json"])
+@pytest.mark.parametrize("mode", MODES)
 def test_interrupt_before_the_commit_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    setup = _setup(tmp_path, mode)
+    setup = _setup(tmp_path, mode, monkeypatch)
     if mode == "json":
         real_read = bits_files.read_state_bits
 
