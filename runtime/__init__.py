@@ -57,10 +57,10 @@ from .optimizer import save_optimizer as save_optimizer  # noqa: E402
 from .placement.sharded_io import ShardedIO as ShardedIO  # noqa: E402
 from .placement.sharded_io import last_sharded_io as last_sharded_io  # noqa: E402
 from .sets.checkpoint_manager import CheckpointManager as CheckpointManager  # noqa: E402
-from .sets.checkpoint_manager import SaveHandle as SaveHandle  # noqa: E402
 from .sets.checkpoint_sets import load_checkpoint as load_checkpoint  # noqa: E402
 from .sets.checkpoint_sets import save_checkpoint as save_checkpoint  # noqa: E402
 from .sets.set_restoring import Restored as Restored  # noqa: E402
+from .sets.writer_threads import SaveHandle as SaveHandle  # noqa: E402
 
 #: The one list of these names (torch-free, so the root package can name them lazily).
 __all__ = list(RUNTIME_NAMES)

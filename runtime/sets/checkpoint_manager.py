@@ -7,7 +7,7 @@ thread writes the members, ``fsync``\\ s and commits, then applies the retention
 save is in flight at a time: a new ``save`` first waits for the previous one. The writer's
 work is system calls and hashing, which release the GIL (``bench/sets.py`` measures what the
 training thread keeps): what it takes from training is CPU time, not the GIL. On Linux the
-writer thread therefore lowers its own scheduling priority (:data:`WRITER_NICENESS`): where
+writer thread therefore lowers its own scheduling priority (:data:`~.writer_threads.WRITER_NICENESS`): where
 cores are free it runs as fast, where they are not the training loop keeps them and the
 save takes longer.
 
@@ -55,9 +55,9 @@ from .set_structure import MODEL_FORMATS
 from .set_writing import SetSource, snapshot_source
 from .sharded_background import new_saving_group, retain_on_writer, sharded_background
 from .snapshot import Snapshotter
-from .writer_threads import WRITER_NICENESS, SaveHandle, finished, start_writer
+from .writer_threads import SaveHandle, finished, start_writer
 
-__all__ = ["CheckpointManager", "SaveHandle", "WRITER_NICENESS"]
+__all__ = ["CheckpointManager"]
 
 
 def _positive(name: str, value: Any) -> int | None:
