@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sharded_support import K, N, differences, snapshot
 
 import tlckpt
+from tlckpt.codec.sets import checkpoint_set
 from tlckpt.runtime import save_module_state
 from tlckpt.runtime.binding.dtensors import local_tensor
 from tlckpt.runtime.placement.sharded_io import ENV, LOGGER
@@ -208,8 +209,15 @@ def damaged(mesh: Any) -> dict[str, Any]:
     folder = WORKDIR / f"w{WORLD}"
     source = next((folder / "sets").iterdir())
     outcomes: dict[str, Any] = {}
-    for label, offset in (("data", -3), ("header", 20)):
-        copy = folder / f"damaged-{label}" / source.name
+    for label, offset, inline in (
+        ("data", -3, None),
+        ("header", 20, None),
+        # Members hashed while every rank stages its pieces (as large ones are): the digest
+        # is compared after the reads, before the commit.
+        ("data streamed", -3, 0),
+        ("header streamed", 20, 0),
+    ):
+        copy = folder / f"damaged-{label.replace(' ', '-')}" / source.name
         if RANK == 0:
             shutil.copytree(source, copy)
             member = copy / "model.safetensors"
@@ -221,11 +229,16 @@ def damaged(mesh: Any) -> dict[str, Any]:
         train(fresh, fresh_opt, 0, 1)  # optimizer state present
         before = local_state(fresh, fresh_opt)
         lr = [g["lr"] for g in fresh_opt.param_groups]
+        default = checkpoint_set._INLINE_BYTES
+        if inline is not None:
+            checkpoint_set._INLINE_BYTES = inline
         try:
             tlckpt.load_checkpoint(copy, model=fresh, optimizer=fresh_opt, scheduler=fresh_sched)
             raised = None
         except tlckpt.CheckpointError as exc:
             raised = type(exc).__name__
+        finally:
+            checkpoint_set._INLINE_BYTES = default
         outcomes[label] = {
             "raised": raised,
             "unchanged": unchanged(before, local_state(fresh, fresh_opt))
