@@ -21,6 +21,7 @@ plan's commit. One process (the local placement) is :mod:`.named_module_state` i
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -188,23 +189,27 @@ def plan_load(placement: Placement, module_or_tensors: ModuleOrTensors, path: Pa
         def validate() -> tuple[BinaryIO, Any, Header, list[int]] | None:
             if not (parallel or placement.touches_file):
                 return None
-            f = stack.enter_context(open_regular(path))  # type: ignore[arg-type]
+            if isinstance(path, (str, os.PathLike)):
+                f = stack.enter_context(open_regular(path))  # a FIFO is refused, never read
+            else:
+                f = path  # a file object: read through rank 0 (the route says so)
             with open_source(f) as src:
                 header = read_header(src)
                 stamp = src.stamp
-            return f, stamp, header, _fit(named, kept, header)
+            return f, (stamp, src.start), header, _fit(named, kept, header)
 
         checked = placement.agree(
             validate,
             (lambda c: fingerprint(c[3], c[2].data_size)) if parallel else None,  # type: ignore[index]
         )
         if parallel:
-            return _read_own_pieces(placement, named, kept, *checked)  # type: ignore[misc]
+            f, (stamp, _), header, offsets = checked  # type: ignore[misc]
+            return _read_own_pieces(placement, named, kept, f, stamp, header, offsets)
         receiver = placement.receiver([named[i][1] for i in kept])
 
         def read() -> None:
-            f, stamp, header, _ = checked  # type: ignore[misc]
-            f.seek(0)  # offsets count from the file's start, where the header was read
+            f, (stamp, start), header, _ = checked  # type: ignore[misc]
+            f.seek(start)  # where the header was read: the entries' offsets count from it
             with open_source(f, since=stamp) as src:
                 for k, i in enumerate(kept):
                     live = named[i][1]

@@ -33,7 +33,7 @@ from sharded_support import K, N, differences, snapshot
 
 import tlckpt
 from tlckpt.codec.sets import checkpoint_set
-from tlckpt.runtime import save_module_state
+from tlckpt.runtime import load_module_state, save_module_state
 from tlckpt.runtime.binding.dtensors import local_tensor
 from tlckpt.runtime.placement.sharded_io import ENV, LOGGER
 from tlckpt.testing.bitwise import same
@@ -155,6 +155,12 @@ def resume(mesh: Any) -> dict[str, Any]:
         ).wait(),
     )
     saved = snapshot(model, opt)
+    # The same file by save_module_state / load_module_state of the sharded model.
+    save_module_state(model, folder / "direct.safetensors")
+    direct, direct_opt, _ = objects(mesh, seed=55)
+    load_module_state(direct, folder / "direct.safetensors")
+    loaded = snapshot(direct, direct_opt)["state"]
+    direct_differs = [n for n, t in saved["state"].items() if not same(t, loaded[n])]
     files: dict[str, Any] = {}
     if RANK == 0:  # one process's save of the same values, unsharded
         plain, _ = plain_model(saved)
@@ -165,6 +171,7 @@ def resume(mesh: Any) -> dict[str, Any]:
             "members": sorted(p.name for p in path.iterdir()),
             "same_bytes": member.read_bytes() == reference,
             "same_bytes_rank0": (path_rank0 / "model.safetensors").read_bytes() == reference,
+            "same_bytes_direct": (folder / "direct.safetensors").read_bytes() == reference,
             "version": tlckpt.verify_checkpoint(path).version,
             "world_size": tlckpt.verify_checkpoint(path).world_size,
         }
@@ -199,7 +206,12 @@ def resume(mesh: Any) -> dict[str, Any]:
             "lr_restored": lr == lr_saved,
         }
     dist.barrier()
-    return {"routes": routes, "files": files, "restores": outcomes}
+    return {
+        "routes": routes,
+        "files": files,
+        "restores": outcomes,
+        "direct_differs": direct_differs,
+    }
 
 
 @check
