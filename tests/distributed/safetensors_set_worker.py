@@ -154,6 +154,11 @@ def resume(mesh: Any) -> dict[str, Any]:
             K, model=model, optimizer=opt, scheduler=scheduler, random_counter=counter
         ).wait(),
     )
+    # A background save: each rank copies its shards, the writer threads write them.
+    manager_background = tlckpt.CheckpointManager(folder / "sets-background")
+    path_background = manager_background.save(
+        K, model=model, optimizer=opt, scheduler=scheduler, random_counter=counter, blocking=False
+    ).wait()
     saved = snapshot(model, opt)
     # The same file by save_module_state / load_module_state of the sharded model.
     save_module_state(model, folder / "direct.safetensors")
@@ -171,6 +176,10 @@ def resume(mesh: Any) -> dict[str, Any]:
             "members": sorted(p.name for p in path.iterdir()),
             "same_bytes": member.read_bytes() == reference,
             "same_bytes_rank0": (path_rank0 / "model.safetensors").read_bytes() == reference,
+            "same_bytes_background": (path_background / "model.safetensors").read_bytes()
+            == reference,
+            "same_training_state": (path_background / "training_state.json").read_bytes()
+            == (path / "training_state.json").read_bytes(),
             "same_bytes_direct": (folder / "direct.safetensors").read_bytes() == reference,
             "version": tlckpt.verify_checkpoint(path).version,
             "world_size": tlckpt.verify_checkpoint(path).world_size,

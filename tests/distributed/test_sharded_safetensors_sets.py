@@ -55,6 +55,8 @@ def test_the_member_is_one_process_file_of_the_unsharded_model(world):
     ]
     assert files["same_bytes"] is True, "parallel path"
     assert files["same_bytes_rank0"] is True, "through rank 0"
+    assert files["same_bytes_background"] is True, "a background save"
+    assert files["same_training_state"] is True
     assert files["same_bytes_direct"] is True, "save_module_state of the sharded model"
     for r in results:
         assert r["resume"]["direct_differs"] == [], "load_module_state into fresh shards"
