@@ -3,7 +3,8 @@ safetensors layout (by name, any dtype: :mod:`.named_module_state`).
 
 The public functions: each chooses the placement of the caller's tensors (one process, or
 DTensors across ranks: :func:`~.placement.placement_for`) and runs the operation written
-once over it: :mod:`.float32_files` (``TLSF32B``) and :mod:`.bits_files` (exact-bits JSON).
+once over it: :mod:`.float32_files` (``TLSF32B``), :mod:`.bits_files` (exact-bits JSON) and,
+for a sharded model's safetensors file, :mod:`.sharded_named_state`.
 A load is planned (read and checked off to the side), then committed (:mod:`.plans`).
 
 State is ``state_dict()`` order: parameters (tied ones once per place they are registered,
@@ -36,10 +37,11 @@ from ..codec.fileio.gcpause import without_gc
 from ..codec.fileio.source import PathOrFile, open_regular
 from ..codec.sniffing import HEAD_BYTES, JSON_FAMILY, head_family
 from .binding.dtensors import reusable
-from .ops import bits_files, float32_files
-from .ops.named_module_state import plan_named_load, save_named_state
+from .ops import bits_files, float32_files, sharded_named_state
+from .ops.named_module_state import plan_named_load
 from .ops.state_tensors import ModuleOrTensors
 from .placement.choice import placement_for
+from .placement.local_placement import LOCAL
 
 __all__ = [
     "module_format",
@@ -138,8 +140,8 @@ def save_module_state(
     """
     module_or_tensors = reusable(module_or_tensors)
     family = module_format(path, format)
-    if family == SAFETENSORS:
-        save_named_state(module_or_tensors, path)
+    if family == SAFETENSORS:  # a sharded model's: every rank its own bytes, collectively
+        sharded_named_state.save(placement_for(module_or_tensors), module_or_tensors, path)
         return
     if family == JSON:
         bits_files.save(placement_for(module_or_tensors), module_or_tensors, path, True)
@@ -232,6 +234,16 @@ def load_module_state(
     module_or_tensors = reusable(module_or_tensors)
     family = _named_family(path)
     if family == SAFETENSORS:
+        placement = placement_for(module_or_tensors)
+        if placement is not LOCAL:  # a sharded model: strictly, every rank its own bytes
+            if not strict:
+                raise CheckpointError(
+                    "strict=False is not supported for a sharded (DTensor) model",
+                    field="strict",
+                )
+            with sharded_named_state.plan_load(placement, module_or_tensors, path) as plan:
+                plan.commit()
+            return [], []
         plan, missing, unexpected = plan_named_load(module_or_tensors, path, strict=strict)
         plan.commit()
         return missing, unexpected

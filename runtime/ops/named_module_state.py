@@ -30,7 +30,7 @@ from .entry_staging import stage_entries
 from .state_tensors import ModuleOrTensors, NamedTensors, state_tensors, tied_copies
 from .tensor_files import tensor_data, torch_dtype, torch_shape
 
-__all__ = ["save_named_state", "plan_named_load"]
+__all__ = ["save_named_state", "plan_named_load", "check_fits"]
 
 
 def save_named_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
@@ -64,7 +64,14 @@ def _sources(named: NamedTensors, header: Header) -> tuple[dict[str, str], list[
     return sources, [n for n in header.entries if n not in used]
 
 
-def _check_fits(name: str, live: torch.Tensor, header: Header, source: str) -> None:
+def check_fits(name: str, live: torch.Tensor, header: Header, source: str) -> None:
+    """Refuse file tensor ``source`` for model tensor ``name`` unless its dtype and shape
+    are ``live``'s (a DTensor's: its global shape).
+
+    Raises:
+        ConfigError: the dtypes differ (a load does not convert).
+        SchemaMismatchError: the shapes differ.
+    """
     entry = header.entries[source]
     dtype = torch_dtype(entry)
     if dtype != live.dtype:
@@ -116,7 +123,7 @@ def plan_named_load(
             )
         for name, live in named:
             if name in sources:
-                _check_fits(name, live, header, sources[name])
+                check_fits(name, live, header, sources[name])
         staged = stage_entries(src, header, sources.values())
     copies = tied_copies(named)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []

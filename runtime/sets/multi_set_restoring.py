@@ -5,8 +5,8 @@ The structure given must be the saved one (kinds and keys), every model's tensor
 shapes and every optimizer's binding must fit, then every model, optimizer, scheduler and
 param group is planned off to the side, every digest is completed, and one commit block
 (Ctrl-C held back) writes them all — the schedulers first, all rolled back together if one
-refuses. Sharded (DTensor) models are restored from version-1 sets only
-(:mod:`.set_restoring`).
+refuses. Sharded (DTensor) models are restored by :mod:`.set_restoring` (version-1 sets, and
+version-2 sets of one model, at most one Adam/AdamW optimizer and one scheduler).
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@ optimizer member bound to the parameters it holds
 param groups in structure order; several schedulers' states under their keys), then the
 manifest, which records each member's names, shapes, ties, models and group count.
 
-Sharded (DTensor) models are supported in version-1 sets only: several models, or a
-safetensors member, of a sharded model are refused with a :class:`CheckpointError`.
+A sharded (DTensor) model whose member is in the safetensors layout (a bf16 FSDP2 model) is
+written with a version-2 manifest by :mod:`.set_writing`'s collective writer, every rank its
+own bytes (:func:`set_source` returns a :class:`SetSource` with the manifest's structure):
+one model, at most one Adam/AdamW optimizer and one scheduler, each one object. Several
+models, or other optimizers, of a sharded model are refused with a
+:class:`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -107,6 +111,35 @@ def _has_ties(model: Any) -> bool:
     return bool(tied_copies(state_tensors(model)))
 
 
+def _check_sharded(models: Role, optimizers: Role, schedulers: Role) -> None:
+    """Refuse a version-2 set of a sharded model that the collective writer cannot write:
+    it writes one model (its safetensors member by the parallel path), at most one
+    Adam/AdamW optimizer (whose sharded path exists) and one scheduler, each one object.
+
+    Raises:
+        CheckpointError: another structure, or another optimizer (named).
+    """
+    if models.kind != "single" or optimizers.kind not in (None, "single"):
+        raise CheckpointError(
+            "a sharded (DTensor) model can be saved in a set of one model, one Adam/AdamW"
+            " optimizer and one scheduler, each given as one object; this set has more",
+            field="model",
+        )
+    for opt in optimizers.objects():
+        if not is_adam(opt):
+            raise CheckpointError(
+                f"a sharded (DTensor) model's optimizer in a set must be Adam or AdamW, not"
+                f" {type(opt).__name__}: other optimizers' trees are written by one process",
+                field="optimizer",
+                actual=type(opt).__name__,
+            )
+    if schedulers.kind not in (None, "single"):
+        raise CheckpointError(
+            "a sharded (DTensor) model's set takes one scheduler, given as one object",
+            field="scheduler",
+        )
+
+
 def _scheduler_state(schedulers: Role) -> Any:
     if schedulers.kind is None:
         return None
@@ -130,8 +163,8 @@ def set_source(
     Raises:
         CheckpointError: an object of the wrong type, a structure that cannot be written
             (see :func:`~.set_structure.structured`), an optimizer holding a parameter of
-            no model, a sharded model in a version-2 set, or a training-state value that
-            cannot be saved exactly (named).
+            no model, a sharded model in a set of several objects or with an optimizer other
+            than Adam/AdamW, or a training-state value that cannot be saved exactly (named).
         ValueError: an unknown ``model_format``.
     """
     models = structured("model", model)
@@ -140,12 +173,9 @@ def set_source(
     families = [member_family(m, model_format) for m in models.objects()]
     if _version_1(models, optimizers, schedulers, families):
         return live_source(step, model, optimizer, scheduler, random_counter, extra)
-    if any(placement_for(m) is not LOCAL for m in models.objects()):
-        raise CheckpointError(
-            "a sharded (DTensor) model can be saved in a set of one model, one Adam/AdamW"
-            " optimizer and one scheduler, each given as one object; this set has more",
-            field="model",
-        )
+    sharded = any(placement_for(m) is not LOCAL for m in models.objects())
+    if sharded:
+        _check_sharded(models, optimizers, schedulers)
     details: dict[str, dict[str, Any]] = {}
     for key, m in models.items:
         named = state_tensors(m)
@@ -165,6 +195,14 @@ def set_source(
         }
         # The very capture of version 1's param groups and random states.
         groups.extend(training_state._param_groups(opt))
+    if sharded:  # one model, at most one Adam/AdamW: version 1's members, collectively
+        live = live_source(step, model, optimizer, scheduler, random_counter, extra)
+        structure = {
+            "model": models.described(),
+            "optimizer": optimizers.described(),
+            "scheduler": schedulers.described(),
+        }
+        return replace(live, structure=structure, details=details)
     data = build_training_state(
         step,
         random_counter,

@@ -25,9 +25,10 @@ from ...formats.checkpoint_set import (
     MAX_MANIFEST_BYTES,
     MAX_TRAINING_STATE_BYTES,
     MODEL_FLOAT32_FILE,
+    OPTIMIZER_FILE,
 )
 from ..commit.plans import committing
-from ..ops import bits_files, float32_files, optimizer_files
+from ..ops import bits_files, float32_files, optimizer_files, sharded_named_state
 from ..ops.state_tensors import require_module
 from ..placement.choice import placement_for
 from ..placement.collectives import broadcast_bytes, is_writer
@@ -35,6 +36,7 @@ from ..placement.local_placement import LOCAL
 from ..placement.placement_protocol import Placement
 from . import training_state
 from .multi_set_restoring import check_state_tensors, restore_structured, targets_structured
+from .set_structure import SAFETENSORS
 
 __all__ = ["Restored", "Targets", "restore_set", "restore_latest"]
 
@@ -194,7 +196,8 @@ def _fit_and_commit(
             verified.confirm_unchanged()
 
     def fits() -> training_state.Application:
-        check_state_tensors(manifest.state, model)
+        saved = manifest.state if manifest.version == 1 else manifest.members["model"].tensors
+        check_state_tensors(saved or (), model)
         if optimizer is not None and "optimizer" not in manifest.members:
             raise CheckpointError("an optimizer was given, and the set holds no optimizer member")
         return training_state.prepare(state, optimizer, targets.scheduler, targets.rng)
@@ -204,8 +207,11 @@ def _fit_and_commit(
         placement.agree(lambda: still_verified(final=False))
     with contextlib.ExitStack() as plans:
         try:
-            if manifest.members["model"].file == MODEL_FLOAT32_FILE:
+            model_file = manifest.members["model"].file
+            if model_file == MODEL_FLOAT32_FILE:
                 model_plan = float32_files.plan_load(placement, model, member("model"), staged=True)
+            elif model_file.endswith(SAFETENSORS):
+                model_plan = sharded_named_state.plan_load(placement, model, member("model"))
             else:
                 model_plan = bits_files.plan_load(placement, model, member("model"))
             plans.enter_context(model_plan)
@@ -266,14 +272,29 @@ def _restore_sharded(
             verified = None
             manifest = parse_manifest(broadcast_bytes(None), MAX_MANIFEST_BYTES, authenticate=False)
             state = parse_training_state(broadcast_bytes(None), MAX_TRAINING_STATE_BYTES)
-        if manifest.version != 1:
+        if manifest.version != 1 and not _one_of_each(manifest):
             raise CheckpointError(
                 "a sharded (DTensor) model is restored from sets of one model, one"
                 " Adam/AdamW optimizer and one scheduler only; this set is of version"
-                f" {manifest.version} (several objects, or a safetensors member)",
+                f" {manifest.version} with several objects or another optimizer",
                 field="version",
             )
         return _fit_and_commit(placement, verified, state, manifest, targets, folder=folder)
+
+
+def _one_of_each(manifest: Any) -> bool:
+    """Whether a version-2 set holds what a sharded restore restores: one model (any
+    family), at most one Adam/AdamW optimizer bound to it, one scheduler, each one object."""
+    structure = manifest.structure or {}
+    single = ("single", ())
+    optimizer = manifest.members.get("optimizer")
+    return (
+        manifest.version == 2
+        and structure.get("model") == single
+        and structure.get("optimizer") in (None, single)
+        and structure.get("scheduler") in (None, single)
+        and (optimizer is None or optimizer.file == OPTIMIZER_FILE)
+    )
 
 
 @contextlib.contextmanager

@@ -27,8 +27,6 @@ from ...codec.errors import CheckpointError, ConfigError, SchemaMismatchError
 from ...formats.checkpoint_set import MAX_STRUCTURE_KEYS, STRUCTURE_KEY_PATTERN
 from ..binding.tensors import file_dtype_of
 from ..ops.state_tensors import state_tensors
-from ..placement.choice import placement_for
-from ..placement.local_placement import LOCAL
 
 __all__ = [
     "MODEL_FORMATS",
@@ -138,37 +136,28 @@ def member_family(model: torch.nn.Module, model_format: str) -> str:
     """The suffix of ``model``'s member: ``.tlsf32``, ``.json`` or ``.safetensors``.
 
     ``"auto"``: ``TLSF32B`` for a float32 model (or one without floating tensors), the
-    safetensors layout otherwise (mixed floating dtypes included) — except for a sharded
-    model, which keeps exact-bits JSON (the parallel path writes the TorchLean families).
-    ``"torchlean"``: ``TLSF32B`` or exact-bits JSON. ``"safetensors"``: the safetensors
-    layout.
+    safetensors layout otherwise (mixed floating dtypes included; a sharded model's too,
+    written by every rank in parallel). ``"torchlean"``: ``TLSF32B`` or exact-bits JSON.
+    ``"safetensors"``: the safetensors layout.
 
     Raises:
         ValueError: an unknown ``model_format``.
-        CheckpointError: ``"safetensors"`` for a sharded model; ``"torchlean"`` (or a
-            sharded model) with mixed floating dtypes (``ConfigError``).
+        CheckpointError: ``"torchlean"`` with mixed floating dtypes (``ConfigError``).
     """
     if model_format not in MODEL_FORMATS:
         raise ValueError(f"model_format must be one of {MODEL_FORMATS}, not {model_format!r}")
-    sharded = placement_for(model) is not LOCAL
     if model_format == "safetensors":
-        if sharded:
-            raise CheckpointError(
-                "model_format='safetensors' is not supported for a sharded model in a set"
-                " (use 'auto' or 'torchlean')",
-                field="model_format",
-            )
         return SAFETENSORS
     try:
         float32 = file_dtype_of(state_tensors(model)) in (None, torch.float32)
     except ConfigError:
         # Mixed floating dtypes: no TorchLean family holds them, the safetensors layout does.
-        if model_format == "torchlean" or sharded:
+        if model_format == "torchlean":
             raise
         return SAFETENSORS
     if float32:
         return TLSF32
-    return JSON if model_format == "torchlean" or sharded else SAFETENSORS
+    return JSON if model_format == "torchlean" else SAFETENSORS
 
 
 def is_adam(optimizer: torch.optim.Optimizer) -> bool:

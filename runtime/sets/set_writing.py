@@ -17,6 +17,7 @@ import torch
 
 from ...codec.errors import CheckpointError
 from ...codec.fileio.gcpause import without_gc
+from ...codec.safetensors.family import SAFETENSORS_FAMILY
 from ...codec.sets.remote_set_writer import RemoteOptions, RemoteSetWriter
 from ...codec.sets.remote_store import is_url
 from ...codec.sets.set_commit import SetWriter
@@ -25,13 +26,14 @@ from ...formats.checkpoint_set import (
     MODEL_BITS_VERSION,
     MODEL_FLOAT32_FILE,
     OPTIMIZER_FILE,
+    SAFETENSORS_MEMBER_VERSION,
     TRAINING_STATE_FAMILY,
     TRAINING_STATE_FILE,
     TRAINING_STATE_VERSION,
 )
 from ...formats.float32_state import WRITTEN_VERSION as FLOAT32_VERSION
 from ..binding.tensors import file_dtype_of
-from ..ops import bits_files, float32_files, optimizer_files
+from ..ops import bits_files, float32_files, optimizer_files, sharded_named_state
 from ..ops.state_tensors import require_module, state_tensors
 from ..placement.choice import placement_for
 from ..placement.local_placement import LOCAL
@@ -39,7 +41,17 @@ from ..placement.placement_protocol import Placement
 from . import training_state
 from .snapshot import Snapshot
 
-__all__ = ["SetSource", "live_source", "snapshot_source", "open_set_writer", "write_set"]
+#: A version-2 set's model member of one model in the safetensors layout (role + suffix).
+MODEL_SAFETENSORS_FILE = "model.safetensors"
+
+__all__ = [
+    "MODEL_SAFETENSORS_FILE",
+    "SetSource",
+    "live_source",
+    "snapshot_source",
+    "open_set_writer",
+    "write_set",
+]
 
 
 @dataclass
@@ -55,6 +67,10 @@ class SetSource:
         float32: whether the model member is ``TLSF32B`` (else exact-bits JSON).
         training_state: the training-state member's bytes, captured at the call.
         sharded: whether the model holds DTensors (every rank takes part).
+        structure: a version-2 set's structure (a sharded model's safetensors member,
+            :func:`~.multi_set_writing.set_source`): the model member is written in the
+            safetensors layout and the manifest is version 2; ``None``: version 1.
+        details: the version-2 manifest's fields of each member (with ``structure``).
     """
 
     model: Any
@@ -64,6 +80,8 @@ class SetSource:
     float32: bool
     training_state: bytes
     sharded: bool = False
+    structure: dict[str, Any] | None = None
+    details: dict[str, dict[str, Any]] | None = None
 
 
 def _described(model: Any) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
@@ -148,13 +166,19 @@ def _write_members(
             thread.start()
             digesting.append(thread)
 
-    model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
-    model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
-    with destination("model", model_file, model_version) as f:
-        if source.float32:
-            float32_files.save(placement, source.model, f)
-        else:
-            bits_files.save(placement, source.model, f, pretty=False)
+    if source.structure is not None:  # the safetensors layout, by the same parallel path
+        with destination(
+            "model", MODEL_SAFETENSORS_FILE, SAFETENSORS_MEMBER_VERSION, SAFETENSORS_FAMILY.name
+        ) as f:
+            sharded_named_state.save(placement, source.model, f)
+    else:
+        model_file = MODEL_FLOAT32_FILE if source.float32 else MODEL_BITS_FILE
+        model_version = FLOAT32_VERSION if source.float32 else MODEL_BITS_VERSION
+        with destination("model", model_file, model_version) as f:
+            if source.float32:
+                float32_files.save(placement, source.model, f)
+            else:
+                bits_files.save(placement, source.model, f, pretty=False)
     version = None
     try:
         if source.optimizer is not None:
@@ -175,6 +199,13 @@ def _write_members(
             if deferred is None:
                 raise
             deferred.append(exc)
+
+
+def _commit(writer: Any, source: SetSource, world: int = 1) -> Any:
+    """The manifest of the source's version, committed (:meth:`SetWriter.commit`)."""
+    if source.structure is not None:
+        return writer.commit_v2(source.structure, source.details or {}, world)
+    return writer.commit(source.state, world)
 
 
 def open_set_writer(
@@ -241,7 +272,7 @@ def write_set(
             raise failed
         with open_set_writer(path, step, overwrite=overwrite, key=key, remote=remote) as writer:
             _write_members(writer, source, Path(writer.path))
-            return writer.commit(source.state)
+            return _commit(writer, source)
     if is_url(path):
         raise CheckpointError(
             "sets of sharded (DTensor) models are saved to local folders only, not to"
@@ -287,7 +318,7 @@ def _write_sharded(
         final = Path(path)
         if writer is not None:
             try:
-                final = writer.commit(source.state, world_size())
+                final = _commit(writer, source, world_size())
             except Exception as exc:  # shared below
                 error = exc
         share_verdict(error)

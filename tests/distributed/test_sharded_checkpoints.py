@@ -342,8 +342,10 @@ def test_checkpoint_set_of_a_sharded_model(groups):
         assert r["route"] == "parallel"
         refused = r["structured"]
         assert "sharded (DTensor) model" in refused["sequence"], refused
-        assert "not supported for a sharded model" in refused["safetensors"], refused
-        assert refused["sequence_steps"] == refused["safetensors_steps"] == []
+        assert refused["sequence_steps"] == []
+        assert refused["safetensors"] == "accepted", refused
+        assert refused["safetensors_steps"] == [K]
+        assert refused["safetensors_restored"] == []
 
 
 def test_signed_checkpoint_set_of_a_sharded_model(groups):

@@ -43,20 +43,25 @@ def checkpoint_sets(ctx: dict[str, Any]) -> dict[str, Any]:
     background_manager = tlckpt.CheckpointManager(MINE / "sets-background")
     background_manager.save(K + 1, model=model, optimizer=opt, blocking=False).wait()
     background = background_manager.steps()
-    # Version-2 sets (several objects, a safetensors member) of a sharded model: refused on
-    # every rank before any collective, nothing written.
-    structured = {}
+    # Version-2 sets of a sharded model: several objects are refused on every rank before
+    # any collective, nothing written; a safetensors member (the tied pair once) is written
+    # by every rank and restores exactly.
+    structured: dict[str, Any] = {}
     for label, kwargs, fmt in (
         ("sequence", {"model": [model], "optimizer": [opt]}, "auto"),
         ("safetensors", {"model": model, "optimizer": opt}, "safetensors"),
     ):
         other = tlckpt.CheckpointManager(MINE / f"sets-{label}", model_format=fmt)
         try:
-            other.save(K, **kwargs)
+            other.save(K, random_counter=counter, **kwargs)
             structured[label] = "accepted"
         except tlckpt.CheckpointError as exc:
             structured[label] = f"{type(exc).__name__}: {exc}"
         structured[label + "_steps"] = other.steps()
+        if structured[label] == "accepted":
+            again, again_opt = sharded_model(ctx["mesh"], seed=99)
+            other.restore(model=again, optimizer=again_opt)
+            structured[label + "_restored"] = differences(snapshot(again, again_opt), saved)
     dist.barrier()
     return {
         "structured": structured,
