@@ -9,6 +9,7 @@ demand, so a device tensor is copied to the host only when it is written.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from ...formats.safetensors import DTYPE_BY_NAME, DTYPES
 from ..errors import CheckpointError, names_the_file
 from ..fileio.atomic import output
 from ..fileio.source import PathOrFile
+from ..fileio.transfer import plain_fd
+from ..fileio.writeback import Writeback
 from .header import build_header
 
 __all__ = ["TensorData", "numpy_dtype_name", "write_safetensors"]
@@ -122,7 +125,10 @@ def write_safetensors(
         metadata: the ``__metadata__`` strings, or ``None`` for none.
         digests: hash objects (``hashlib``, ``blake3``: anything with ``update``) fed every
             byte written, in order.
-        durable: fsync the file and its folder (see :func:`~tlckpt.codec.atomic.output`).
+        durable: fsync the file and its folder (see :func:`~tlckpt.codec.atomic.output`);
+            for a path, the disk is asked to start writing each window of bytes as soon as
+            it is written (:class:`~tlckpt.codec.fileio.writeback.Writeback`), so that the
+            ``fsync`` has little left to wait for.
         on_write: called with each name before its bytes are written (progress).
 
     Raises:
@@ -137,7 +143,9 @@ def write_safetensors(
     header, placed = build_header(
         {name: (item.dtype, item.shape) for name, item in items.items()}, metadata
     )
+    own_file = isinstance(path, (str, os.PathLike))
     with output(path, durable=durable) as f:
+        writeback = Writeback(plain_fd(f) if durable and own_file else None)
         f.write(header)
         for digest in digests:
             digest.update(header)
@@ -147,6 +155,7 @@ def write_safetensors(
             view = _bytes_of(name, items[name], end - begin)
             if view.nbytes:
                 f.write(view)
+                writeback.wrote(view.nbytes)
                 for digest in digests:
                     digest.update(view)
             del view  # the buffer (a host copy of a device tensor) goes now

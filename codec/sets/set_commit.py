@@ -143,7 +143,7 @@ class SetWriter:
             0o666,
         )
         with os.fdopen(fd, "wb") as f:
-            writer = DigestingWriter(f, self.key)
+            writer = DigestingWriter(f, self.key, writeback=self.durable)
             yield writer
             f.flush()
             if self.durable:

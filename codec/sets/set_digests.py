@@ -14,6 +14,7 @@ import threading
 from typing import Any, BinaryIO
 
 from ..fileio.transfer import plain_fd
+from ..fileio.writeback import Writeback
 from ..sniffing import HEAD_BYTES
 from .set_keys import SetKey, member_hash
 
@@ -119,13 +120,19 @@ class DigestingWriter:
     so the caller may reuse its buffer at once and updates stay in order. The first
     :data:`~..sniffing.HEAD_BYTES` are kept, to name the family. Seeking is not offered: a
     writer that needs it fails (``AttributeError``) rather than digest bytes out of order.
+    With ``writeback``, the disk is asked to start writing the file as the bytes arrive
+    (:class:`~..fileio.writeback.Writeback`: the durable member's ``fsync`` then has little
+    left to wait for).
     """
 
-    def __init__(self, file: BinaryIO, key: SetKey | None = None):
+    def __init__(
+        self, file: BinaryIO, key: SetKey | None = None, *, writeback: bool = False
+    ) -> None:
         self.file = file
         self.hash = member_hash(key)
         self.size = 0
         self.head = bytearray()
+        self.writeback = Writeback(plain_fd(file) if writeback else None)
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
@@ -144,6 +151,7 @@ class DigestingWriter:
             self.hash.update(view)
         if written is not None and written != view.nbytes:  # a raw file's short write
             raise OSError(errno.EIO, f"short write: {written} of {view.nbytes} bytes")
+        self.writeback.wrote(view.nbytes)
         if len(self.head) < HEAD_BYTES:
             self.head += view[: HEAD_BYTES - len(self.head)]
         self.size += view.nbytes
