@@ -8,8 +8,8 @@ save is in flight at a time: a new ``save`` first waits for the previous one. Th
 work is system calls and hashing, which release the GIL (``bench/sets.py`` measures what the
 training thread keeps): what it takes from training is CPU time, not the GIL. On Linux the
 writer thread therefore lowers its own scheduling priority
-(:data:`~.writer_threads.WRITER_NICENESS`): where cores are free it runs as fast, where they are not the training loop keeps them and the
-save takes longer.
+(:data:`~.writer_threads.WRITER_NICENESS`): where cores are free it runs as fast, where they
+are not the training loop keeps them and the save takes longer.
 
 A sharded (DTensor) model's background save is a collective, on a process group of the
 manager's own: :mod:`.sharded_background`.
