@@ -16,7 +16,7 @@ they are when it is made; a plan made from it is committed within the same libra
 from __future__ import annotations
 
 import functools
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ __all__ = ["PLAIN_TYPES", "StateWalk", "float32_walk", "is_plain"]
 PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 
 # Unbound accessors, mapped over the tensors without a Python frame per tensor.
+_SECOND = itemgetter(1)
 _DTYPE = attrgetter("dtype")
 _SHAPE = attrgetter("shape")
 _IS_CPU = attrgetter("is_cpu")
@@ -62,7 +63,7 @@ class StateWalk:
 
     def __init__(self, named: NamedTensors):
         self.named = named
-        self.tensors: list[torch.Tensor] = [t for _, t in named]
+        self.tensors: list[torch.Tensor] = list(map(_SECOND, named))
         self.kinds = set(map(type, self.tensors))
         self.dtypes = set(map(_DTYPE, self.tensors))
 
