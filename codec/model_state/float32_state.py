@@ -30,7 +30,7 @@ from ..spec.plan import fast_path
 from ..spec.schema_check import check_shape_field
 from ..spec.walker import Visitor, parse
 from ..values.payload_sinks import PayloadSink
-from .state_template import check_headers, record_values, template_for
+from .state_template import check_headers, record_values, shape_tuples, template_for
 
 __all__ = [
     "read_float32_state",
@@ -227,8 +227,7 @@ def validate_float32_state(path: PathOrFile, shapes: Sequence[Sequence[int]]) ->
             :class:`FileChangedError` if the file changed while it was checked.
         OSError: from the file system.
     """
-    # Tuples (torch.Size among them) are taken as they are: their dims are ints already.
-    expected = [s if isinstance(s, tuple) else tuple(map(int, s)) for s in shapes]
+    expected = shape_tuples(shapes)
     if fast_path():
         layout = _validate_by_template(path, expected)
         if layout is not None:
@@ -268,8 +267,8 @@ def read_float32_payloads(file: BinaryIO, layout: StateLayout, sink: PayloadSink
 def read_float32_extents(
     file: BinaryIO,
     layout: StateLayout,
-    records: Sequence[int],
-    addresses: Sequence[int],
+    records: Sequence[int] | np.ndarray,
+    addresses: Sequence[int] | np.ndarray,
     owners: list[Any],
     progress: Any = None,
 ) -> None:

@@ -20,7 +20,7 @@ from ..fileio.transfer import Extents, GatherBatch, address_of, write_gather
 from ..spec.builder import Reserved
 from ..spec.builder import build as build_spec
 from ..spec.layout import FileLayout, layout_of_spec
-from .state_template import template_for
+from .state_template import shape_tuples, template_for
 
 __all__ = ["write_float32_state", "write_float32_extents", "float32_state_layout"]
 
@@ -124,7 +124,7 @@ def write_float32_extents(
         CheckpointError: as many addresses as shapes are needed; nothing is written.
         OSError: from the file system.
     """
-    template = template_for([s if isinstance(s, tuple) else tuple(map(int, s)) for s in shapes])
+    template = template_for(shape_tuples(shapes))
     if template is None:  # pragma: no cover - the shipped spec always has a template
         raise CheckpointError("TLSF32B headers cannot be derived for these shapes")
     n = len(template.payload_lengths)

@@ -38,6 +38,7 @@ __all__ = [
     "StateTemplate",
     "record_values",
     "template_for",
+    "shape_tuples",
     "check_headers",
     "CACHED_LAYOUTS",
 ]
@@ -144,6 +145,18 @@ def _build(shapes: tuple[tuple[int, ...], ...]) -> StateTemplate | None:
         payload_offsets=starts[1 : 2 * len(parts) : 2],
         payload_lengths=payload_lengths,
     )
+
+
+def shape_tuples(shapes: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """``shapes`` as tuples of ints: tuples (``torch.Size`` among them) are taken as they
+    are, their dims are ints already; others are converted.
+
+    Decided once per distinct type of shape (a model of 10^5 tensors has one or two), not
+    per shape.
+    """
+    if all(issubclass(kind, tuple) for kind in set(map(type, shapes))):
+        return list(shapes)
+    return [s if isinstance(s, tuple) else tuple(map(int, s)) for s in shapes]
 
 
 _CACHE: OrderedDict[tuple, StateTemplate | None] = OrderedDict()

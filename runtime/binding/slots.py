@@ -67,12 +67,14 @@ def named_tensors(
         raise TypeError("pass a module or a sequence of tensors, not a single tensor")
     else:
         items = [(f"{prefix}[{i}]", t) for i, t in enumerate(source)]
-    # Checked per distinct type (a model of 10^5 tensors has a handful of them).
-    if not all(issubclass(kind, torch.Tensor) for kind in {type(t) for _, t in items}):
+    # Checked per distinct type (a model of 10^5 tensors has a handful of them), the types
+    # gathered by C-level loops (``map``) rather than a Python one per entry.
+    names, values = zip(*items) if items else ((), ())
+    if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, values))):
         for name, t in items:
             if not isinstance(t, torch.Tensor):
                 raise not_a_tensor(str(name), t)
-    if {type(name) for name, _ in items} <= {str}:
+    if set(map(type, names)) <= {str}:
         return items
     return [(str(name), t) for name, t in items]
 

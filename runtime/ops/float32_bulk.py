@@ -7,7 +7,8 @@ batch, and an in-place load whose commit reads the payloads straight into them.
 
 A *plain* tensor is a contiguous CPU float32 tensor that is not a lazily negated view: its
 memory holds exactly the file's bytes, so payloads are moved by address, without a Python
-object per tensor.
+object per tensor. Which tensors are plain, and where their memory is, the call's one walk
+over the state says (:class:`~.state_walk.StateWalk`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from ...codec.model_state.float32_state_writer import write_float32_extents
 from ..binding.tensors import HostBuffer, to_file_dtype
 from ..commit.plans import Plan, committing, overwrite
 from .state_tensors import Arrival, NamedTensors, tie_conflict, written
+from .state_walk import StateWalk
 
 __all__ = [
     "CONVERTED_MAX_BYTES",
     "Precheck",
-    "is_plain",
     "plan_in_place",
     "save_in_bulk",
     "stage",
@@ -50,21 +51,6 @@ __all__ = [
 CONVERTED_MAX_BYTES = 16 << 20
 
 
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def is_plain(t: torch.Tensor) -> bool:
-    """Whether ``t``'s memory is exactly a payload's bytes: a contiguous CPU float32 tensor
-    (not a subclass, not a lazily negated view), so bytes move to and from it by address."""
-    return (
-        type(t) in _PLAIN_TYPES
-        and t.dtype is torch.float32
-        and t.is_cpu
-        and t.is_contiguous()
-        and not t.is_neg()
-    )
-
-
 def _bump_versions(tensors: list[torch.Tensor]) -> None:
     """Tensors written behind autograd's back: bump their versions, as ``copy_`` would, so
     that a graph that saved one of them notices."""
@@ -74,37 +60,13 @@ def _bump_versions(tensors: list[torch.Tensor]) -> None:
         increment_version([t for t in tensors if not t.is_inference()])
 
 
-def _plain(named: NamedTensors, records: list[int]) -> tuple[list[int], list[int], list[int]]:
-    """``records`` split into the plain tensors (with their addresses) and the others."""
-    plain: list[int] = []
-    addresses: list[int] = []
-    others: list[int] = []
-    # Type and dtype once per distinct value: most states are all float32 tensors.
-    uniform = {type(t) for _, t in named} <= set(_PLAIN_TYPES) and {t.dtype for _, t in named} <= {
-        torch.float32
-    }
-    f32, kinds = torch.float32, _PLAIN_TYPES
-    for i in records:
-        t = named[i][1]
-        if (
-            (uniform or (type(t) in kinds and t.dtype is f32))
-            and t.is_cpu
-            and t.is_contiguous()
-            and not t.is_neg()
-        ):
-            plain.append(i)
-            addresses.append(t.data_ptr())
-        else:
-            others.append(i)
-    return plain, addresses, others
-
-
-def save_in_bulk(named: NamedTensors, path: PathOrFile) -> bool:
+def save_in_bulk(walk: StateWalk, path: PathOrFile) -> bool:
     """Write a local state whose tensors are all in host memory as one vectored write of
     headers and payloads, by address; ``False`` (nothing written) when it is not such a
     state (device tensors, or more than :data:`CONVERTED_MAX_BYTES` to convert)."""
-    plain, addresses, rest = _plain(named, list(range(len(named))))
-    owners: list[Any] = [named[i][1] for i in plain]
+    named = walk.named
+    plain, addresses, rest = walk.split()
+    owners: list[Any] = [walk.tensors]
     if rest:
         if any(not named[i][1].is_cpu for i in rest):
             return False
@@ -114,18 +76,20 @@ def save_in_bulk(named: NamedTensors, path: PathOrFile) -> bool:
         for i in rest:
             name, t = named[i]
             converted[i] = to_file_dtype(t.detach(), torch.float32, name).contiguous()
-        order = sorted(plain + rest)
-        at = dict(zip(plain, addresses))
-        addresses = [at[i] if i in at else converted[i].data_ptr() for i in order]
+        every = np.zeros(len(walk), dtype=np.uint64)
+        every[plain] = addresses
+        every[rest] = [converted[i].data_ptr() for i in rest]
+        addresses = every
         owners += list(converted.values())
-    write_float32_extents(path, [t.shape for _, t in named], addresses, owners)
+    write_float32_extents(path, walk.shapes, addresses, owners)
     return True
 
 
-def stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[int, int]) -> Plan:
+def stage(f: BinaryIO, layout: StateLayout, walk: StateWalk, copies: dict[int, int]) -> Plan:
     """A local staged load: every payload into one fresh staging buffer (a mapping of its
     own when large) with a few vectored reads, tied copies compared with their originals there,
     integer tensors converted; the plan holds the staging and what goes where."""
+    named = walk.named
     sizes = layout.size_array
     starts = np.zeros(len(sizes), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
@@ -144,17 +108,16 @@ def stage(f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[in
         (a, n), (b, _) = bounds[copy], bounds[original]
         if not same_bytes(staging[a : a + n], staging[b : b + n]):
             raise tie_conflict(named, copy, original)
-    plain, live_addresses, rest = _plain(named, written(named, copies))
+    plain, live_addresses, rest = walk.split(written(named, copies) if copies else None)
     # Other tensors' values: converted (exactly, or the load fails) before anything live
     # is touched.
     arrival = Arrival(named, {}, keep=True)  # tied copies: compared above, not written
     others = [(named[i][1], arrival.arrive(i, payload(i)).view(named[i][1].shape)) for i in rest]  # type: ignore[union-attr]
-    index = np.asarray(plain, dtype=np.int64)
-    lengths = sizes[index]
-    live = [named[i][1] for i in plain]
+    lengths = sizes[plain]
+    live = walk.tensors_at(plain)
     return _StagedPlan(
         Extents.build(live_addresses, lengths, None, live),
-        Extents.build(base + starts[index].astype(np.uint64), lengths, None, [staging]),
+        Extents.build(base + starts[plain].astype(np.uint64), lengths, None, [staging]),
         live,
         others,
     )
@@ -204,17 +167,15 @@ class Precheck:
         self.arrival.arrive(record, buffer)
 
 
-def _precheck(
-    f: BinaryIO, layout: StateLayout, named: NamedTensors, copies: dict[int, int]
-) -> None:
+def _precheck(f: BinaryIO, layout: StateLayout, walk: StateWalk, copies: dict[int, int]) -> None:
     """What an in-place load checks before its copying pass beyond the structure: tied
     copies first (as a staged load does), compared with their originals in the file chunk by
     chunk; then the values of integer tensors, which must convert exactly."""
     for copy, original in sorted(copies.items()):
         if not float32_payloads_equal(f, layout, original, copy):
-            raise tie_conflict(named, copy, original)
-    if {t.dtype for _, t in named} - {torch.float32}:
-        read_float32_payloads(f, layout, Precheck(named, HostBuffer()))
+            raise tie_conflict(walk.named, copy, original)
+    if walk.dtypes - {torch.float32}:
+        read_float32_payloads(f, layout, Precheck(walk.named, HostBuffer()))
 
 
 class _Installer:
@@ -247,14 +208,14 @@ class _InPlacePlan(Plan):
         self,
         file: BinaryIO,
         layout: StateLayout,
-        named: NamedTensors,
+        walk: StateWalk,
         copies: dict[int, int],
         resources: contextlib.ExitStack,
         lease: ReadLease | None = None,
     ):
         self.file = file
         self.layout = layout
-        self.named = named
+        self.walk = walk
         self.copies = copies
         self.resources = resources
         self.lease = lease
@@ -274,10 +235,13 @@ class _InPlacePlan(Plan):
                 live tensors had been overwritten (under a lease: the disk failed to read,
                 or a writer outwaited the kernel's lease-break time).
         """
-        named = self.named
-        records = written(named, self.copies)
-        plain, addresses, rest = _plain(named, records)
-        live = [named[i][1] for i in plain]
+        named = self.walk.named
+        # The tensors as the plan's walk found them: nothing in this library changes a
+        # tensor's memory between a plan and its commit.
+        plain, addresses, rest = self.walk.split(
+            written(named, self.copies) if self.copies else None
+        )
+        live = self.walk.tensors_at(plain)
         staging = HostBuffer(pin=any(named[i][1].is_cuda for i in rest))
         if rest:  # its largest size now: no allocation to fail once live tensors change
             staging.tensor(max(named[i][1].numel() for i in rest), torch.float32)
@@ -292,7 +256,7 @@ class _InPlacePlan(Plan):
             try:
                 if installer.records:
                     read_float32_payloads(self.file, self.layout, installer)
-                if plain:
+                if len(plain):
                     read_float32_extents(self.file, self.layout, plain, addresses, live, progress)
                     _bump_versions(live)
                 if self.lease is not None and not self.lease.intact():
@@ -306,7 +270,7 @@ class _InPlacePlan(Plan):
                 done = touched + installer.written
                 if not done:
                     raise  # refused before the first write: the model is unchanged
-                total = len(records)
+                total = len(named) - len(self.copies)
                 reason = exc.reason if isinstance(exc, CheckpointError) else str(exc)
                 advice = (
                     " (under a read lease: only a failing disk or an outwaited lease does this)"
@@ -326,7 +290,7 @@ class _InPlacePlan(Plan):
 def plan_in_place(
     f: BinaryIO,
     layout: StateLayout,
-    named: NamedTensors,
+    walk: StateWalk,
     copies: dict[int, int],
     resources: contextlib.ExitStack,
     lease: ReadLease | None = None,
@@ -334,5 +298,5 @@ def plan_in_place(
     """A local in-place load of a checked file: the checking pass now (tied copies,
     integer values), the copying pass in the plan's commit, which holds ``resources`` (the
     open file, and ``lease`` on it if any) until it is closed."""
-    _precheck(f, layout, named, copies)
-    return _InPlacePlan(f, layout, named, copies, resources, lease)
+    _precheck(f, layout, walk, copies)
+    return _InPlacePlan(f, layout, walk, copies, resources, lease)

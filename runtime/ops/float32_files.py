@@ -53,12 +53,12 @@ from .state_tensors import (
     Arrival,
     ModuleOrTensors,
     NamedTensors,
-    float32_named_state,
     layout_of,
     state_plan,
     tied_copies,
     written,
 )
+from .state_walk import StateWalk, float32_walk
 
 __all__ = ["save", "plan_load"]
 
@@ -78,21 +78,21 @@ def _host_float32(t: torch.Tensor, name: str, staging: HostBuffer) -> np.ndarray
 def save(placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
     """Write the state as ``TLSF32B`` (see :func:`~tlckpt.runtime.save_module_state`)."""
 
-    def check() -> NamedTensors:
-        named = float32_named_state(module_or_tensors)
-        placement.check(named)
-        if {t.dtype for _, t in named} - {torch.float32}:
-            for name, t in named:
+    def check() -> StateWalk:
+        walk = float32_walk(module_or_tensors)
+        placement.check(walk.named)
+        if walk.dtypes - {torch.float32}:
+            for name, t in walk.named:
                 if t.dtype != torch.float32:  # raises before anything is written
                     to_file_dtype(local_tensor(t), torch.float32, name)  # each: its shard
-        return named
+        return walk
 
-    named = placement.agree(check, lambda named: layout_of("TLSF32B save", named))
-    tensors = [t for _, t in named]
+    walk = placement.agree(check, lambda walk: layout_of("TLSF32B save", walk.named))
+    named, tensors = walk.named, walk.tensors
     route = placement.route(path, "save", tensors)
     if route is Route.PARALLEL:
         staging = HostBuffer(pin=any(t.is_cuda for t in tensors))
-        layout = float32_state_layout([tuple(t.shape) for t in tensors])
+        layout = float32_state_layout(walk.shapes)
         save_pieces(
             path,  # type: ignore[arg-type]  # a path: the route says so
             layout,
@@ -100,7 +100,7 @@ def save(placement: Placement, module_or_tensors: ModuleOrTensors, path: PathOrF
             lambda i, local: _host_float32(local, named[i][0], staging),
         )
         return
-    if route is Route.LOCAL_BULK and float32_bulk.save_in_bulk(named, path):
+    if route is Route.LOCAL_BULK and float32_bulk.save_in_bulk(walk, path):
         return  # else (device tensors, too much to convert up front) one at a time
 
     def write(take: Take) -> None:
@@ -154,18 +154,19 @@ def plan_load(
     held: ReadLease | None = None
     with contextlib.ExitStack() as stack:
 
-        def check() -> tuple[NamedTensors, dict[int, int]]:
-            named = float32_named_state(module_or_tensors)
-            placement.check(named)
-            if {t.dtype for _, t in named} - {torch.float32}:
-                for name, t in named:
+        def check() -> tuple[StateWalk, dict[int, int]]:
+            walk = float32_walk(module_or_tensors)
+            placement.check(walk.named)
+            if walk.dtypes - {torch.float32}:
+                for name, t in walk.named:
                     check_convertible(t.dtype, torch.float32, name)
-            return named, tied_copies(named)
+            return walk, tied_copies(walk.named, walk.addresses)
 
-        named, copies = placement.agree(
-            check, lambda result: layout_of("TLSF32B load", result[0], result[1])
+        walk, copies = placement.agree(
+            check, lambda result: layout_of("TLSF32B load", result[0].named, result[1])
         )
-        route = placement.route(path, "load", [t for _, t in named])
+        named = walk.named
+        route = placement.route(path, "load", walk.tensors)
         parallel = route is Route.PARALLEL
 
         def validate() -> _CheckedFile | None:
@@ -175,7 +176,7 @@ def plan_load(
             f = stack.enter_context(_opened(path))
             if lease and staged and not parallel and isinstance(path, (str, os.PathLike)):
                 held = stack.enter_context(leased(f))  # before the checks: they then hold
-            return f, validate_float32_state(f, [tuple(t.shape) for _, t in named])
+            return f, validate_float32_state(f, walk.shapes)
 
         # In parallel every rank validated the file itself: they must have found the same.
         checked = placement.agree(
@@ -187,9 +188,9 @@ def plan_load(
         if route is Route.LOCAL_BULK and checked is not None:  # one process: it read the file
             if not staged or held is not None:
                 return float32_bulk.plan_in_place(
-                    *checked, named, copies, stack.pop_all(), lease=held
+                    *checked, walk, copies, stack.pop_all(), lease=held
                 )
-            return float32_bulk.stage(*checked, named, copies)
+            return float32_bulk.stage(*checked, walk, copies)
         sent = written(named, copies)
         receiver = placement.receiver([named[i][1] for i in sent])
         sink = _Receiving(named, copies, sent, receiver)

@@ -35,6 +35,7 @@ __all__ = [
     "state_tensors",
     "require_module",
     "float32_named_state",
+    "require_float32",
     "bits_named_state",
     "tied_copies",
     "written",
@@ -103,6 +104,16 @@ def float32_named_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
         ConfigError: the model's floating dtype is not float32.
     """
     named = state_tensors(module_or_tensors)
+    require_float32(named)
+    return named
+
+
+def require_float32(named: NamedTensors) -> None:
+    """Refuse a state whose floating dtype is not float32 (TLSF32B holds nothing else).
+
+    Raises:
+        ConfigError: the model's floating dtype is not float32, or it mixes several.
+    """
     dtype = file_dtype_of(named)
     if dtype not in (None, torch.float32):
         raise ConfigError(
@@ -111,7 +122,6 @@ def float32_named_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
             actual=str(dtype),
             expected="torch.float32",
         )
-    return named
 
 
 def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, torch.dtype, str]:
@@ -129,16 +139,23 @@ def bits_named_state(module_or_tensors: ModuleOrTensors) -> tuple[NamedTensors, 
 _LOCAL_TYPES = {torch.Tensor, torch.nn.Parameter}
 
 
-def tied_copies(named: NamedTensors) -> dict[int, int]:
+def tied_copies(named: NamedTensors, addresses: np.ndarray | None = None) -> dict[int, int]:
     """State index → the earlier index holding the very same tensor view (tied weights are
-    in ``state_dict`` once per place they are registered)."""
+    in ``state_dict`` once per place they are registered).
+
+    Args:
+        named: the state.
+        addresses: each tensor's data address (a DTensor's: its local shard's) as
+            ``uint64``, where the caller has them (:attr:`~.state_walk.StateWalk.addresses`).
+    """
     # Two views can only be the same if they start at the same address: find the addresses
     # shared by several tensors (at once, with numpy), then compare full view keys within
     # those rare groups only.
-    if {type(t) for _, t in named} <= _LOCAL_TYPES:
-        addresses = np.array([t.data_ptr() for _, t in named], dtype=np.uint64)
-    else:
-        addresses = np.array([local_tensor(t).data_ptr() for _, t in named], dtype=np.uint64)
+    if addresses is None:
+        if {type(t) for _, t in named} <= _LOCAL_TYPES:
+            addresses = np.array([t.data_ptr() for _, t in named], dtype=np.uint64)
+        else:
+            addresses = np.array([local_tensor(t).data_ptr() for _, t in named], dtype=np.uint64)
     order = np.argsort(addresses, kind="stable")
     ranked = addresses[order]
     shared = np.flatnonzero(ranked[1:] == ranked[:-1])
@@ -163,6 +180,8 @@ def tied_copies(named: NamedTensors) -> dict[int, int]:
 def written(named: NamedTensors, copies: dict[int, int]) -> list[int]:
     """The state indices whose values a load writes (a tied copy shares its original's
     memory): the items of its transfer, in order."""
+    if not copies:
+        return list(range(len(named)))
     return [i for i in range(len(named)) if i not in copies]
 
 

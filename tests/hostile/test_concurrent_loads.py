@@ -100,7 +100,7 @@ def _hook_payload_pass(
             if progress is not None:
                 progress(through)
             # The next read goes beyond the record: the change lands before it.
-            if after is not None and not fired and through > records.index(after) + 1:
+            if after is not None and not fired and through > list(records).index(after) + 1:
                 fired = True
                 action()
 
