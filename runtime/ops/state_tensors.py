@@ -34,7 +34,6 @@ __all__ = [
     "DEFAULT_BITS_DTYPE",
     "state_tensors",
     "require_module",
-    "float32_named_state",
     "require_float32",
     "bits_named_state",
     "tied_copies",
@@ -95,17 +94,6 @@ def require_module(model: Any) -> None:
             f" {type(model).__name__}",
             field="model",
         )
-
-
-def float32_named_state(module_or_tensors: ModuleOrTensors) -> NamedTensors:
-    """The state, checked to be storable as float32 (TLSF32B holds nothing else).
-
-    Raises:
-        ConfigError: the model's floating dtype is not float32.
-    """
-    named = state_tensors(module_or_tensors)
-    require_float32(named)
-    return named
 
 
 def require_float32(named: NamedTensors) -> None:

@@ -128,8 +128,8 @@ class StateWalk:
 
 
 def float32_walk(module_or_tensors: ModuleOrTensors) -> StateWalk:
-    """The state, walked once and checked to be storable as float32 (as
-    :func:`~.state_tensors.float32_named_state`).
+    """The state, walked once and checked to be storable as float32
+    (:func:`~.state_tensors.require_float32`'s rule).
 
     Raises:
         ConfigError: the model's floating dtype is not float32 (or it mixes several).
