@@ -29,13 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...formats.checkpoint_set import MANIFEST_FILE
-from ..sniffing import head_family
+from .member_ledger import MemberLedger, WrittenMember
 from .remote_leases import LEASE_FILE, LEASE_SECONDS, Lease, clean_orphans, remove_remote_set
 from .remote_store import Store, open_store, split_url
 from .remote_upload import upload
 from .set_digests import DigestingWriter
 from .set_document_writing import build_manifest
-from .set_documents import MemberRecord
 from .set_folders import check_step, library_name
 from .set_keys import as_key
 from .set_manifest_v2 import build_manifest_v2
@@ -56,15 +55,7 @@ class RemoteOptions:
     lease_seconds: float = LEASE_SECONDS
 
 
-@dataclass
-class _Member:
-    file: str
-    family: str | None  # None: named from the first bytes
-    version: int
-    writer: DigestingWriter
-
-
-class RemoteSetWriter:
+class RemoteSetWriter(MemberLedger):
     """Writes one set to object storage (the protocol in the module docstring). Use it as a
     context manager: leaving the block without a commit removes what was uploaded.
 
@@ -103,7 +94,7 @@ class RemoteSetWriter:
         self.root: Store = open_store(parent, storage_options)
         self.set: Store = self.root.child(self.name)
         self.lease = Lease(self.set, lease_seconds)
-        self.members: dict[str, _Member] = {}
+        self.members: dict[str, WrittenMember] = {}
         self.committed = False
         self.leased = False
 
@@ -145,19 +136,7 @@ class RemoteSetWriter:
         with upload(self.set, file) as sink:
             writer = DigestingWriter(sink, self.key)
             yield writer
-        self.members[role] = _Member(file, family, version, writer)
-
-    def set_version(self, role: str, version: int) -> None:
-        """Record the version a member's writer reported once it returned."""
-        self.members[role].version = version
-
-    def records(self) -> dict[str, MemberRecord]:
-        """What the manifest will record of each member written so far."""
-        out = {}
-        for role, m in self.members.items():
-            family = m.family or head_family(bytes(m.writer.head), m.writer.size) or role
-            out[role] = MemberRecord(m.file, family, m.version, m.writer.size, m.writer.hexdigest())
-        return out
+        self.members[role] = WrittenMember(file, family, version, writer)
 
     def commit(self, state: Sequence[tuple[str, Sequence[int]]], world_size: int = 1) -> str:
         """Write the manifest: the set is committed.

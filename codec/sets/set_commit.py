@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,9 @@ from ..fileio.atomic import (
     same_inode,
     temporary_prefix,
 )
-from ..sniffing import head_family
+from .member_ledger import MemberLedger, WrittenMember
 from .set_digests import DigestingWriter
 from .set_document_writing import build_manifest
-from .set_documents import MemberRecord
 from .set_folder_moves import (
     ATTEMPTS,
     create_temporary_folder,
@@ -61,15 +60,7 @@ class _Discarded:
         return memoryview(data).nbytes
 
 
-@dataclass
-class _Member:
-    file: str
-    family: str | None  # None: named from the first bytes
-    version: int
-    writer: DigestingWriter
-
-
-class SetWriter:
+class SetWriter(MemberLedger):
     """Writes one set: members into a locked temporary folder, then the manifest, then the
     rename (the protocol in :mod:`.checkpoint_set`). Use it as a context manager: leaving the block
     without :meth:`commit` (an error, ``KeyboardInterrupt``) removes the temporary folder.
@@ -109,7 +100,7 @@ class SetWriter:
         self.step = check_step(step)
         self.overwrite = overwrite
         self.durable = durable
-        self.members: dict[str, _Member] = {}
+        self.members: dict[str, WrittenMember] = {}
         self.committed = False
         self.fd: int | None = None
         self.path = ""
@@ -165,7 +156,7 @@ class SetWriter:
         """
         with self._file(file) as writer:
             yield writer
-        self.members[role] = _Member(file, family, version, writer)
+        self.members[role] = WrittenMember(file, family, version, writer)
 
     def adopt(self, role: str, file: str, version: int = 0, family: str | None = None) -> None:
         """Record member ``file``, which other code (every rank of a sharded save, in
@@ -181,19 +172,7 @@ class SetWriter:
             digesting.absorb(fd)
         finally:
             os.close(fd)
-        self.members[role] = _Member(file, family, version, digesting)
-
-    def set_version(self, role: str, version: int) -> None:
-        """Record the version a member's writer reported once it returned."""
-        self.members[role].version = version
-
-    def records(self) -> dict[str, MemberRecord]:
-        """What the manifest will record of each member written so far."""
-        out = {}
-        for role, m in self.members.items():
-            family = m.family or head_family(bytes(m.writer.head), m.writer.size) or role
-            out[role] = MemberRecord(m.file, family, m.version, m.writer.size, m.writer.hexdigest())
-        return out
+        self.members[role] = WrittenMember(file, family, version, digesting)
 
     def commit(self, state: Sequence[tuple[str, Sequence[int]]], world_size: int = 1) -> Path:
         """Write the manifest, make the folder the step's set, durably.

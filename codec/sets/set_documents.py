@@ -63,6 +63,7 @@ from .set_document_checks import (
 from .set_keys import SetKey
 
 __all__ = [
+    "checked_signature",
     "MemberRecord",
     "Manifest",
     "TrainingState",
@@ -255,33 +256,14 @@ def parse_manifest(
         if later is not None:
             return later(data, document, key, authenticate=authenticate)
     check_format(document, SET_FORMAT, SET_VERSION, "checkpoint set manifest")
-    signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
-    key_id = None
-    if signed:
-        # Authenticated before any other field is read: an edited manifest is refused as
-        # such (IntegrityError), whatever the edit made of its fields.
-        key_id = _hex_field(document.get("key_id"), _KEY_ID, "key_id")
-        mac = _hex_field(document.get(MAC_FIELD), _KEYED_HEX, MAC_FIELD)
-        if authenticate:
-            _authenticate(data, document, key_id, mac, key)
-    exact_keys(document, SIGNED_MANIFEST_KEYS if signed else MANIFEST_KEYS, "manifest")
-    if document["digest"] not in (DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM):
-        raise MalformedError(
-            f"digest algorithm {short(document['digest'])} is not known; known:"
-            f" {DIGEST_ALGORITHM}, {KEYED_DIGEST_ALGORITHM}",
-            field="digest",
-            actual=short(document["digest"]),
-            expected=[DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM],
-        )
-    if not signed and authenticate and key is not None:
-        raise IntegrityError(
-            f"the set is not signed (its digests are {DIGEST_ALGORITHM}, which anyone can"
-            " recompute), and a key was given: it cannot be authenticated",
-            check="signed",
-            field="digest",
-            actual=DIGEST_ALGORITHM,
-            expected=KEYED_DIGEST_ALGORITHM,
-        )
+    signed, key_id = checked_signature(
+        data,
+        document,
+        key,
+        authenticate=authenticate,
+        keys=MANIFEST_KEYS,
+        signed_keys=SIGNED_MANIFEST_KEYS,
+    )
     members = document["members"]
     if type(members) is not dict:
         raise MalformedError("members must be an object", field="members")
@@ -447,3 +429,52 @@ def self_digest(document: dict[str, Any]) -> str:
     """The manifest's own digest: of its compact JSON without ``self_digest``, in order."""
     body = {k: v for k, v in document.items() if k != "self_digest"}
     return xxhash.xxh3_128(orjson.dumps(body)).hexdigest()
+
+
+def checked_signature(
+    data: bytes,
+    document: dict[str, Any],
+    key: SetKey | None,
+    *,
+    authenticate: bool,
+    keys: Any,
+    signed_keys: Any,
+) -> tuple[bool, str | None]:
+    """The checks every manifest version begins with: a signed manifest authenticated (with
+    ``authenticate``) before any other field is read, its keys exactly ``keys`` (or
+    ``signed_keys``), a known digest algorithm, and no key given for an unsigned set.
+
+    Returns:
+        Whether the manifest is signed, and its key id (``None`` if not).
+
+    Raises:
+        As :func:`parse_manifest`: MalformedError, IntegrityError, KeyRequiredError.
+    """
+    signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
+    key_id = None
+    if signed:
+        # Authenticated before any other field is read: an edited manifest is refused as
+        # such (IntegrityError), whatever the edit made of its fields.
+        key_id = _hex_field(document.get("key_id"), _KEY_ID, "key_id")
+        mac = _hex_field(document.get(MAC_FIELD), _KEYED_HEX, MAC_FIELD)
+        if authenticate:
+            _authenticate(data, document, key_id, mac, key)
+    exact_keys(document, signed_keys if signed else keys, "manifest")
+    if document["digest"] not in (DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM):
+        raise MalformedError(
+            f"digest algorithm {short(document['digest'])} is not known; known:"
+            f" {DIGEST_ALGORITHM}, {KEYED_DIGEST_ALGORITHM}",
+            field="digest",
+            actual=short(document["digest"]),
+            expected=[DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM],
+        )
+    if not signed and authenticate and key is not None:
+        raise IntegrityError(
+            f"the set is not signed (its digests are {DIGEST_ALGORITHM}, which anyone can"
+            " recompute), and a key was given: it cannot be authenticated",
+            check="signed",
+            field="digest",
+            actual=DIGEST_ALGORITHM,
+            expected=KEYED_DIGEST_ALGORITHM,
+        )
+    return signed, key_id

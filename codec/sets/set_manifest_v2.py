@@ -16,8 +16,6 @@ from typing import Any
 
 from ...formats import checkpoint_set as layout
 from ...formats.checkpoint_set import (
-    DIGEST_ALGORITHM,
-    KEYED_DIGEST_ALGORITHM,
     MANIFEST_KEYS_V2,
     MAX_STRUCTURE_KEYS,
     MEMBER_KEYS,
@@ -33,7 +31,7 @@ from ...formats.checkpoint_set import (
     STRUCTURE_ROLES,
 )
 from ...formats.primitives import U64_MAX
-from ..errors import IntegrityError, MalformedError
+from ..errors import MalformedError
 from .set_document_checks import exact_keys, integer_field, short, string_field
 
 # The version-1 reader's and writer's field checks, shared so that both versions check alike.
@@ -46,15 +44,14 @@ from .set_document_writing import (
 from .set_documents import (
     _FAMILY,
     _HEX,
-    _KEY_ID,
     _KEYED_HEX,
     MANIFEST_READERS,
     Manifest,
     MemberRecord,
-    _authenticate,
     _hex_field,
     _state,
     check_self_digest,
+    checked_signature,
 )
 from .set_keys import SetKey
 
@@ -216,27 +213,14 @@ def parse_manifest_v2(
         that does not name exactly the members the set has, or a member file that is not
         its role's.
     """
-    signed = document.get("digest") == KEYED_DIGEST_ALGORITHM
-    key_id = None
-    if signed:
-        # Authenticated before any other field is read (as in version 1).
-        key_id = _hex_field(document.get("key_id"), _KEY_ID, "key_id")
-        mac = _hex_field(document.get("mac"), _KEYED_HEX, "mac")
-        if authenticate:
-            _authenticate(data, document, key_id, mac, key)
-    exact_keys(document, SIGNED_MANIFEST_KEYS_V2 if signed else MANIFEST_KEYS_V2, "manifest")
-    if document["digest"] not in (DIGEST_ALGORITHM, KEYED_DIGEST_ALGORITHM):
-        raise MalformedError(
-            f"digest algorithm {short(document['digest'])} is not known",
-            field="digest",
-            actual=short(document["digest"]),
-        )
-    if not signed and authenticate and key is not None:
-        raise IntegrityError(
-            "the set is not signed, and a key was given: it cannot be authenticated",
-            check="signed",
-            field="digest",
-        )
+    signed, key_id = checked_signature(
+        data,
+        document,
+        key,
+        authenticate=authenticate,
+        keys=MANIFEST_KEYS_V2,
+        signed_keys=SIGNED_MANIFEST_KEYS_V2,
+    )
     structure = _structure(document["structure"])
     members = document["members"]
     if type(members) is not dict:
