@@ -24,8 +24,8 @@ exchange, a killed remote overwrite leaves no set of that step (the guide says s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ...formats.checkpoint_set import MANIFEST_FILE
@@ -34,10 +34,8 @@ from .remote_leases import LEASE_FILE, LEASE_SECONDS, Lease, clean_orphans, remo
 from .remote_store import Store, open_store, split_url
 from .remote_upload import upload
 from .set_digests import DigestingWriter
-from .set_document_writing import build_manifest
-from .set_folders import check_step, library_name
+from .set_folders import check_step
 from .set_keys import as_key
-from .set_manifest_v2 import build_manifest_v2
 
 __all__ = ["RemoteOptions", "RemoteSetWriter"]
 
@@ -137,42 +135,6 @@ class RemoteSetWriter(MemberLedger):
             writer = DigestingWriter(sink, self.key)
             yield writer
         self.members[role] = WrittenMember(file, family, version, writer)
-
-    def commit(self, state: Sequence[tuple[str, Sequence[int]]], world_size: int = 1) -> str:
-        """Write the manifest: the set is committed.
-
-        Args:
-            state: the model's ``(name, shape)`` in file order.
-            world_size: how many processes saved the set.
-
-        Returns:
-            The set's URL.
-
-        Raises:
-            FileExistsError: a manifest appeared meanwhile (another writer committed).
-            OSError: from the store; nothing is committed.
-        """
-        data = build_manifest(
-            self.step, library_name(), self.records(), state, world_size, self.key
-        )
-        return self._commit_manifest(data)
-
-    def commit_v2(
-        self,
-        structure: dict[str, Any],
-        details: dict[str, dict[str, Any]],
-        world_size: int = 1,
-    ) -> str:
-        """:meth:`commit` with a version-2 manifest (see
-        :meth:`~.set_commit.SetWriter.commit_v2`)."""
-        records = {
-            role: replace(record, **details.get(role, {}))
-            for role, record in self.records().items()
-        }
-        data = build_manifest_v2(
-            self.step, library_name(), records, structure, world_size, self.key
-        )
-        return self._commit_manifest(data)
 
     def _commit_manifest(self, data: bytes) -> str:
         for m in self.members.values():

@@ -10,8 +10,7 @@ import fcntl
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from ..fileio.atomic import (
 )
 from .member_ledger import MemberLedger, WrittenMember
 from .set_digests import DigestingWriter
-from .set_document_writing import build_manifest
 from .set_folder_moves import (
     ATTEMPTS,
     create_temporary_folder,
@@ -34,10 +32,8 @@ from .set_folder_moves import (
     remove_tree,
     rename_aside,
 )
-from .set_folders import check_step, library_name
+from .set_folders import check_step
 from .set_keys import as_key
-from .set_manifest_v2 import build_manifest_v2
-from .set_manifest_v3 import build_manifest_v3
 
 __all__ = ["SetWriter", "remove_set", "remove_set_folder", "clean_leftovers", "is_retired"]
 
@@ -173,68 +169,6 @@ class SetWriter(MemberLedger):
         finally:
             os.close(fd)
         self.members[role] = WrittenMember(file, family, version, digesting)
-
-    def commit(self, state: Sequence[tuple[str, Sequence[int]]], world_size: int = 1) -> Path:
-        """Write the manifest, make the folder the step's set, durably.
-
-        Args:
-            state: the model's ``(name, shape)`` in file order.
-            world_size: how many processes saved the set.
-
-        Returns:
-            The set's folder.
-
-        Raises:
-            FileExistsError: a set of this step was committed meanwhile (no ``overwrite``).
-            OSError: from the file system; nothing is committed (an error after the new set
-                is in place — the folder's ``fsync`` — leaves it committed).
-        """
-        data = build_manifest(
-            self.step, library_name(), self.records(), state, world_size, self.key
-        )
-        return self._commit_manifest(data)
-
-    def commit_v2(
-        self,
-        structure: dict[str, Any],
-        details: dict[str, dict[str, Any]],
-        world_size: int = 1,
-    ) -> Path:
-        """:meth:`commit` with a version-2 manifest (:mod:`.set_manifest_v2`).
-
-        Args:
-            structure: role → ``(kind, keys)`` or ``None``.
-            details: member role → the version-2 fields of its record (``tensors`` and
-                ``tied`` of a model, ``models`` and ``groups`` of an optimizer).
-            world_size: how many processes saved the set.
-
-        Raises:
-            As :meth:`commit`.
-        """
-        records = {
-            role: replace(record, **details.get(role, {}))
-            for role, record in self.records().items()
-        }
-        data = build_manifest_v2(
-            self.step, library_name(), records, structure, world_size, self.key
-        )
-        return self._commit_manifest(data)
-
-    def commit_state_tree(self, tensors: Sequence[tuple[str, Sequence[int]]]) -> Path:
-        """:meth:`commit` with a version-3 manifest (a set of one state tree,
-        :mod:`.set_manifest_v3`): members ``state`` and ``training_state``.
-
-        Args:
-            tensors: the tree member's tensors ``(name, shape)``, in file order.
-
-        Raises:
-            As :meth:`commit`.
-        """
-        records = self.records()
-        tree = records["state"]
-        records["state"] = replace(tree, tensors=tuple((n, tuple(s)) for n, s in tensors), tied={})
-        data = build_manifest_v3(self.step, library_name(), records, 1, self.key)
-        return self._commit_manifest(data)
 
     def _commit_manifest(self, data: bytes) -> Path:
         """Write the manifest's bytes, then the rename (see :meth:`commit`)."""
