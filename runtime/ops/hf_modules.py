@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
-from ...codec.errors import CheckpointError, ConfigError, SchemaMismatchError
+from ...codec.errors import CheckpointError, SchemaMismatchError
 from ...codec.hf_folders.hf_index import HFFolder
 from ...codec.hf_folders.shard_plan import HFItem
 from ...codec.safetensors.lazy import SafetensorsReader
 from ..commit.plans import StatePlan
+from .named_module_state import require_same
 from .state_tensors import NamedTensors, state_tensors, tied_copies
 from .tensor_files import empty_for, torch_dtype, torch_shape
 
@@ -120,45 +121,6 @@ def _sources(named: NamedTensors, names: set[str], aliases: Mapping[str, str]) -
     return sources
 
 
-def _check_fits(name: str, live: torch.Tensor, entry: Any, source: str) -> None:
-    dtype = torch_dtype(entry)
-    if dtype != live.dtype:
-        raise ConfigError(
-            f"tensor {name!r} is {live.dtype} in the model and {dtype} in the folder"
-            f"{'' if source == name else f' (as {source!r})'}; a load does not convert",
-            field=name,
-            actual=str(dtype),
-            expected=str(live.dtype),
-        )
-    if torch_shape(entry, dtype) != tuple(live.shape):
-        raise SchemaMismatchError(
-            f"tensor {name!r} has shape {list(live.shape)} in the model and"
-            f" {list(entry.shape)} in the folder",
-            field=name,
-            actual=list(entry.shape),
-            expected=list(live.shape),
-        )
-
-
-def _check_value(name: str, live: torch.Tensor, value: torch.Tensor, source: str) -> None:
-    if value.dtype != live.dtype:
-        raise ConfigError(
-            f"tensor {name!r} is {live.dtype} in the model and {value.dtype} in the folder"
-            f" (as {source!r}); a load does not convert",
-            field=name,
-            actual=str(value.dtype),
-            expected=str(live.dtype),
-        )
-    if value.shape != live.shape:
-        raise SchemaMismatchError(
-            f"tensor {name!r} has shape {list(live.shape)} in the model and"
-            f" {list(value.shape)} in the folder (as {source!r})",
-            field=name,
-            actual=list(value.shape),
-            expected=list(live.shape),
-        )
-
-
 def _read(folder: HFFolder, wanted: dict[str, str], named: NamedTensors) -> dict[str, Any]:
     """Each wanted folder tensor, read from its file into fresh memory (``wanted``: folder
     name → a model name it feeds, for the checks)."""
@@ -179,7 +141,15 @@ def _read(folder: HFFolder, wanted: dict[str, str], named: NamedTensors) -> dict
                         path=folder.files[file],
                         field=name,
                     ) from None
-                _check_fits(wanted[name], live[wanted[name]], entry, name)
+                dtype = torch_dtype(entry)
+                require_same(
+                    wanted[name],
+                    live[wanted[name]],
+                    dtype,
+                    torch_shape(entry, dtype),
+                    name,
+                    "the folder",
+                )
                 tensor = empty_for(entry)
                 reader.read_into(name, tensor.reshape(-1).view(torch.uint8).numpy())
                 staged[name] = tensor
@@ -230,7 +200,8 @@ def plan_hf_load(
     staged = _read(folder, wanted, named)
     for name, live in named:  # the names fed by a tensor read for another name
         if name in sources and wanted[sources[name]] != name:
-            _check_value(name, live, staged[sources[name]], sources[name])
+            value = staged[sources[name]]
+            require_same(name, live, value.dtype, tuple(value.shape), sources[name], "the folder")
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     first_of_group: dict[int, torch.Tensor] = {}
     for i, (name, live) in enumerate(named):

@@ -30,7 +30,7 @@ from .entry_staging import stage_entries
 from .state_tensors import ModuleOrTensors, NamedTensors, state_tensors, tied_copies
 from .tensor_files import tensor_data, torch_dtype, torch_shape
 
-__all__ = ["save_named_state", "plan_named_load", "check_fits"]
+__all__ = ["save_named_state", "plan_named_load", "check_fits", "require_same"]
 
 
 def save_named_state(module_or_tensors: ModuleOrTensors, path: PathOrFile) -> None:
@@ -74,19 +74,37 @@ def check_fits(name: str, live: torch.Tensor, header: Header, source: str) -> No
     """
     entry = header.entries[source]
     dtype = torch_dtype(entry)
+    require_same(name, live, dtype, torch_shape(entry, dtype), source, "the file")
+
+
+def require_same(
+    name: str,
+    live: torch.Tensor,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    source: str,
+    where: str,
+) -> None:
+    """Refuse a tensor of ``dtype`` and ``shape`` (``source`` in ``where``: a file, a
+    folder) for model tensor ``name`` unless they are ``live``'s.
+
+    Raises:
+        ConfigError: the dtypes differ (a load does not convert).
+        SchemaMismatchError: the shapes differ.
+    """
+    alias = "" if source == name else f" (as {source!r})"
     if dtype != live.dtype:
         raise ConfigError(
-            f"tensor {name!r} is {live.dtype} in the model and {dtype} in the file"
-            f"{'' if source == name else f' (as {source!r})'}; a load does not convert",
+            f"tensor {name!r} is {live.dtype} in the model and {dtype} in {where}{alias}; a"
+            " load does not convert",
             field=name,
             actual=str(dtype),
             expected=str(live.dtype),
         )
-    shape = torch_shape(entry, dtype)
-    if shape != tuple(live.shape):
+    if tuple(shape) != tuple(live.shape):
         raise SchemaMismatchError(
             f"tensor {name!r} has shape {list(live.shape)} in the model and {list(shape)} in"
-            " the file",
+            f" {where}{alias}",
             field=name,
             actual=list(shape),
             expected=list(live.shape),
