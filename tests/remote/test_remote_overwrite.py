@@ -127,7 +127,7 @@ def test_a_killed_roll_forward_is_finished_by_the_next(monkeypatch: pytest.Monke
 
 def test_a_plain_save_of_a_step_being_overwritten_is_refused_after_rolling_forward() -> None:
     url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
-    old, new = _overwrite_killed(url, "mid_copy")
+    _, new = _overwrite_killed(url, "mid_copy")
     time.sleep(LEASE * 1.2)
     writer = RemoteSetWriter(f"{url}/{STEP_1}", 1, lease_seconds=LEASE)
     with pytest.raises(FileExistsError):
