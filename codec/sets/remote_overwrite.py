@@ -27,8 +27,15 @@ import json
 
 from ...formats.checkpoint_set import FOLDER_PATTERN, MANIFEST_FILE
 from ..errors import CheckpointError
-from .remote_leases import INTENT_SUFFIX, LEASE_FILE, LEASE_SECONDS, Lease, _intended
-from .remote_set_reading import _fetch
+from .remote_leases import (
+    INTENT_SUFFIX,
+    LEASE_FILE,
+    LEASE_SECONDS,
+    PENDING_PATTERN,
+    Lease,
+    _intended,
+)
+from .remote_set_reading import _fetch, read_remote_manifest
 from .remote_store import Store
 from .set_keys import SetKey
 
@@ -69,16 +76,28 @@ def roll_forward(root: Store, name: str, *, verify: bool = True, key: SetKey | N
         return False
     pending = root.child(pending_name)
     match = FOLDER_PATTERN.fullmatch(name)
+    own = PENDING_PATTERN.fullmatch(pending_name)
+    if match is None or own is None or own.group(1) != name:
+        # A damaged or hostile intent: never copy another prefix over a set.
+        raise CheckpointError(
+            f"the overwrite intent of {name} names {pending_name!r}, not a pending set of it",
+            path=root.url_of(name + INTENT_SUFFIX),
+        )
     if verify:
-        manifest = _fetch(pending, key, None)
-        if match is None or manifest.step != int(match.group(1)):
+        _fetch(pending, key, None)
+    manifest, data = read_remote_manifest(pending, key, authenticate=verify)
+    if manifest.step != int(match.group(1)):
+        raise CheckpointError(
+            f"the pending overwrite {pending.url} is of step {manifest.step}, not the set {name}'s",
+            path=pending.url,
+        )
+    members = sorted({record.file for record in manifest.members.values()})
+    for member in members:
+        if "/" in member or member.startswith(".") or member == MANIFEST_FILE:
             raise CheckpointError(
-                f"the pending overwrite {pending.url} is of step {manifest.step}, not the"
-                f" set {name}'s",
-                path=pending.url,
+                f"the pending overwrite {pending.url} names no member file: {member!r}",
+                path=pending.url_of(MANIFEST_FILE),
             )
-    data = pending.read(MANIFEST_FILE, 0, pending.size(MANIFEST_FILE))
-    members = [k for k in pending.object_keys() if k not in (MANIFEST_FILE, LEASE_FILE)]
     target = root.child(name)
     # The manifest first: from here until the new one is written the step has no
     # committed set (latest() passes it over), never a manifest naming other bytes.
@@ -96,7 +115,11 @@ def roll_forward(root: Store, name: str, *, verify: bool = True, key: SetKey | N
 
 
 def settle(
-    root: Store, *, key: SetKey | None = None, lease_seconds: float = LEASE_SECONDS
+    root: Store,
+    *,
+    key: SetKey | None = None,
+    lease_seconds: float = LEASE_SECONDS,
+    only: str | None = None,
 ) -> list[str]:
     """Roll forward every overwrite under ``root`` that a killed save left committed (an
     intent) but unfinished, each under its set's lease; one whose lease is alive is its
@@ -106,6 +129,7 @@ def settle(
         root: the checkpoint directory's store.
         key: the key of signed sets (the pending members are verified with it).
         lease_seconds: how long the leases taken here live unless renewed.
+        only: settle this set (a ``step-…`` name) alone.
 
     Returns:
         The sets rolled forward.
@@ -118,6 +142,8 @@ def settle(
     for intent in root.names():
         name = intent[: -len(INTENT_SUFFIX)]
         if not intent.endswith(INTENT_SUFFIX) or FOLDER_PATTERN.fullmatch(name) is None:
+            continue
+        if only is not None and name != only:
             continue
         lease = Lease(root.child(name), lease_seconds)
         try:

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from remote_support import fresh, objects, trained
 
-from tlckpt import CheckpointManager
+from tlckpt import CheckpointError, CheckpointManager, load_checkpoint
+from tlckpt.codec.sets.remote_overwrite import roll_forward
 from tlckpt.codec.sets.remote_set_writer import RemoteSetWriter
-from tlckpt.codec.sets.remote_store import Store
+from tlckpt.codec.sets.remote_store import Store, open_store
 from tlckpt.testing.bitwise import modules_equal, optimizer_states_equal
 
 LEASE = 2.0
@@ -157,3 +158,29 @@ def test_a_killed_overwrite_on_s3_rolls_forward(s3) -> None:
     manager = CheckpointManager(url, lease_seconds=LEASE, storage_options=options)
     assert manager.latest() == 1
     assert _same(new, _restore(manager))
+
+
+def test_load_checkpoint_of_the_set_url_rolls_forward() -> None:
+    url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
+    _, new = _overwrite_killed(url, "before_manifest")
+    time.sleep(LEASE * 1.2)
+    restored = fresh()
+    load_checkpoint(f"{url}/{STEP_1}", model=restored[0], optimizer=restored[1])
+    assert _same(new, restored)
+
+
+def test_an_intent_naming_another_prefix_is_never_rolled_forward() -> None:
+    url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
+    one, two = trained(3)[:2], trained(6)[:2]
+    manager = CheckpointManager(url, lease_seconds=LEASE)
+    manager.save(1, model=one[0], optimizer=one[1])
+    manager.save(2, model=two[0], optimizer=two[1])
+    root = open_store(url)
+    root.put(STEP_1 + ".overwrite", b'{"pending": "step-00000000000000000002"}')
+    with pytest.raises(CheckpointError, match="not a pending set of it"):
+        roll_forward(root, STEP_1)
+    again = CheckpointManager(url, lease_seconds=LEASE)  # passes it over
+    assert again.steps() == [1, 2]
+    restored = fresh()
+    again.restore(model=restored[0], optimizer=restored[1], step=1)
+    assert _same(one, restored)
