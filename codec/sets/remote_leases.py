@@ -12,9 +12,11 @@ every upload). A live save's objects and uploads are never touched.
 :func:`clean_orphans` (run by every remote save once it has committed, holding its own
 lease) removes, in each ``step-…`` prefix whose lease is dead or absent: every object of a
 prefix without a manifest (a killed save, or a killed removal), the dead lease of a committed
-set, and every incomplete multipart upload. :func:`remove_remote_set` removes a set's
-manifest first, so that a removal killed midway leaves an uncommitted prefix for the
-cleaner, never a committed set with missing members.
+set, and every incomplete multipart upload; and every object and upload of an overwrite's
+private prefix (``step-….overwrite-<token>``, :mod:`~.remote_overwrite`) whose set's lease
+is dead and whose intent does not name it. :func:`remove_remote_set` removes a set's
+pending overwrite's intent and then its manifest first, so that a removal killed midway
+leaves an uncommitted prefix for the cleaner, never a committed set with missing members.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "remove_remote_set",
     "INTENT_SUFFIX",
     "PENDING_PATTERN",
+    "intended_pending",
 ]
 
 #: The lease object's name in a set's prefix.
@@ -196,7 +199,7 @@ def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> li
         if pending is not None:
             # An overwrite's new set: kept while an intent names it (it is rolled
             # forward from there), else a killed overwrite's leftovers.
-            if _intended(root, owner) == prefix:
+            if intended_pending(root, owner) == prefix:
                 continue
             _abort_and_delete(root, prefix, uploads.get(prefix, []), done)
             continue
@@ -216,8 +219,13 @@ def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> li
     return done
 
 
-def _intended(root: Store, name: str) -> str | None:
-    """The pending prefix the intent of set ``name`` names, if there is one."""
+def intended_pending(root: Store, name: str) -> str | None:
+    """The pending prefix that the overwrite intent of set ``name`` names (unchecked: see
+    :func:`~.remote_overwrite.roll_forward`), or ``None`` if there is no readable intent.
+
+    Raises:
+        OSError: from the store.
+    """
     try:
         data = root.read(name + INTENT_SUFFIX, 0, _LEASE_BYTES)
     except FileNotFoundError:

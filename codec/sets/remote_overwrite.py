@@ -33,7 +33,7 @@ from .remote_leases import (
     LEASE_SECONDS,
     PENDING_PATTERN,
     Lease,
-    _intended,
+    intended_pending,
 )
 from .remote_set_reading import _fetch, read_remote_manifest
 from .remote_store import Store
@@ -71,7 +71,7 @@ def roll_forward(root: Store, name: str, *, verify: bool = True, key: SetKey | N
             ``name`` keeps whatever it holds, and the intent stays for a later try).
         OSError: from the store; what is done stays, the next roll-forward finishes it.
     """
-    pending_name = _intended(root, name)
+    pending_name = intended_pending(root, name)
     if pending_name is None:
         return False
     pending = root.child(pending_name)
