@@ -12,9 +12,11 @@ every upload). A live save's objects and uploads are never touched.
 :func:`clean_orphans` (run by every remote save once it has committed, holding its own
 lease) removes, in each ``step-…`` prefix whose lease is dead or absent: every object of a
 prefix without a manifest (a killed save, or a killed removal), the dead lease of a committed
-set, and every incomplete multipart upload. :func:`remove_remote_set` removes a set's
-manifest first, so that a removal killed midway leaves an uncommitted prefix for the
-cleaner, never a committed set with missing members.
+set, and every incomplete multipart upload; and every object and upload of an overwrite's
+private prefix (``step-….overwrite-<token>``, :mod:`~.remote_overwrite`) whose set's lease
+is dead and whose intent does not name it. :func:`remove_remote_set` removes a set's
+pending overwrite's intent and then its manifest first, so that a removal killed midway
+leaves an uncommitted prefix for the cleaner, never a committed set with missing members.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -37,6 +40,9 @@ __all__ = [
     "lease_alive",
     "clean_orphans",
     "remove_remote_set",
+    "INTENT_SUFFIX",
+    "PENDING_PATTERN",
+    "intended_pending",
 ]
 
 #: The lease object's name in a set's prefix.
@@ -46,6 +52,12 @@ LEASE_FILE = ".tlckpt-lease"
 LEASE_SECONDS = 60.0
 #: The most bytes of a lease read (it is a short JSON document).
 _LEASE_BYTES = 4096
+#: An overwrite's intent, beside the set: ``step-<20 digits>.overwrite`` (an object at the
+#: directory's level, so that one listing finds every pending overwrite).
+INTENT_SUFFIX = ".overwrite"
+#: The private prefix an overwrite uploads its new set under, beside the set it replaces:
+#: ``step-<20 digits>.overwrite-<token>``; never a set to listing or ``latest()``.
+PENDING_PATTERN = re.compile(rf"({FOLDER_PATTERN.pattern})\.overwrite-([0-9a-f]{{32}})")
 
 
 class Lease:
@@ -157,10 +169,6 @@ def lease_alive(store: Store, now: float | None) -> bool:
     return modified + seconds >= now
 
 
-def _step_prefixes(root: Store) -> list[str]:
-    return [n for n in root.names() if FOLDER_PATTERN.fullmatch(n)]
-
-
 def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> list[str]:
     """Remove what killed saves and removals left under ``root`` (see the module
     docstring); never a prefix whose lease is alive, nor ``keep`` (the caller's own).
@@ -180,12 +188,22 @@ def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> li
     uploads: dict[str, list[tuple[str, str]]] = {}
     for key, upload_id in root.uploads(""):
         uploads.setdefault(key.split("/")[0], []).append((key, upload_id))
-    for prefix in sorted(set(_step_prefixes(root)) | set(uploads)):
-        if prefix == keep or not FOLDER_PATTERN.fullmatch(prefix):
+    names = {n for n in root.names() if FOLDER_PATTERN.fullmatch(n) or PENDING_PATTERN.fullmatch(n)}
+    for prefix in sorted(names | set(uploads)):
+        pending = PENDING_PATTERN.fullmatch(prefix)
+        owner = pending.group(1) if pending is not None else prefix
+        if owner == keep or not FOLDER_PATTERN.fullmatch(owner):
+            continue
+        if lease_alive(root.child(owner), now):
+            continue
+        if pending is not None:
+            # An overwrite's new set: kept while an intent names it (it is rolled
+            # forward from there), else a killed overwrite's leftovers.
+            if intended_pending(root, owner) == prefix:
+                continue
+            _abort_and_delete(root, prefix, uploads.get(prefix, []), done)
             continue
         folder = root.child(prefix)
-        if lease_alive(folder, now):
-            continue
         for key, upload_id in uploads.get(prefix, []):
             with contextlib.suppress(FileNotFoundError):  # ended meanwhile
                 root.abort(key, upload_id)
@@ -201,6 +219,36 @@ def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> li
     return done
 
 
+def intended_pending(root: Store, name: str) -> str | None:
+    """The pending prefix that the overwrite intent of set ``name`` names (unchecked: see
+    :func:`~.remote_overwrite.roll_forward`), or ``None`` if there is no readable intent.
+
+    Raises:
+        OSError: from the store.
+    """
+    try:
+        data = root.read(name + INTENT_SUFFIX, 0, _LEASE_BYTES)
+    except FileNotFoundError:
+        return None
+    try:
+        return str(json.loads(data)["pending"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _abort_and_delete(
+    root: Store, prefix: str, uploads: list[tuple[str, str]], done: list[str]
+) -> None:
+    for key, upload_id in uploads:
+        with contextlib.suppress(FileNotFoundError):  # ended meanwhile
+            root.abort(key, upload_id)
+        done.append(f"{key}#{upload_id}")
+    keys = root.child(prefix).object_keys()
+    root.child(prefix).delete(keys)
+    root.drop_empty(prefix)
+    done.extend(f"{prefix}/{k}" for k in keys)
+
+
 def remove_remote_set(root: Store, name: str) -> None:
     """Remove the set ``name`` (a ``step-…`` prefix): its manifest first, then the rest.
 
@@ -213,6 +261,9 @@ def remove_remote_set(root: Store, name: str) -> None:
         folder.info(MANIFEST_FILE)
     except FileNotFoundError:
         raise FileNotFoundError(f"no checkpoint set at {folder.url}") from None
+    # A pending overwrite first (its new set is then an orphan for the cleaner): else it
+    # would be rolled forward into the set removed here.
+    root.delete([name + INTENT_SUFFIX])
     folder.delete([MANIFEST_FILE])
     folder.delete([k for k in folder.object_keys() if k != LEASE_FILE])
     root.drop_empty(name)

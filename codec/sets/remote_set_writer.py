@@ -16,21 +16,24 @@ records, :meth:`~RemoteSetWriter.commit`, ``commit_v2``), for a set URL
    (:func:`~.remote_leases.clean_orphans`).
 
 A failure at any step before 3 aborts the multipart upload in progress, removes the
-members uploaded, releases the lease and raises: nothing is committed. ``overwrite``
-removes the old set (manifest first) before the new one is uploaded: unlike the local
-exchange, a killed remote overwrite leaves no set of that step (the guide says so).
+members uploaded, releases the lease and raises: nothing is committed. An ``overwrite`` of
+a committed set uploads the new set beside it and rolls forward from a durable intent
+(:mod:`~.remote_overwrite`): killed at any moment, the step keeps the old set or the new.
 """
 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ...formats.checkpoint_set import MANIFEST_FILE
+from ..errors import CheckpointError
 from .member_ledger import MemberLedger, WrittenMember
-from .remote_leases import LEASE_FILE, LEASE_SECONDS, Lease, clean_orphans, remove_remote_set
+from .remote_leases import LEASE_FILE, LEASE_SECONDS, Lease, clean_orphans
+from .remote_overwrite import roll_forward, settle, write_intent
 from .remote_store import Store, open_store, split_url
 from .remote_upload import upload
 from .set_digests import DigestingWriter
@@ -60,7 +63,7 @@ class RemoteSetWriter(MemberLedger):
     Args:
         url: the set's URL (``s3://bucket/run/step-…``).
         step: the set's step.
-        overwrite: replace a committed set at ``url`` (removed first: see the module
+        overwrite: replace a committed set at ``url`` (rolled forward: see the module
             docstring).
         key: sign the set with this 32-byte key; ``None``: unsigned.
         storage_options: the fsspec filesystem's options (endpoint, credentials…).
@@ -91,6 +94,8 @@ class RemoteSetWriter(MemberLedger):
         parent, self.name = split_url(self.path)
         self.root: Store = open_store(parent, storage_options)
         self.set: Store = self.root.child(self.name)
+        # Where members go: the set's prefix, or an overwrite's private one beside it.
+        self.target: Store = self.set
         self.lease = Lease(self.set, lease_seconds)
         self.members: dict[str, WrittenMember] = {}
         self.committed = False
@@ -110,12 +115,18 @@ class RemoteSetWriter(MemberLedger):
         self.lease.take()
         self.leased = True
         try:
-            with contextlib.suppress(FileNotFoundError):
-                if self.overwrite:
-                    remove_remote_set(self.root, self.name)
-            self._refuse_existing()  # committed between the check and the lease
-            # What a killed save of this prefix left (its lease is now ours).
-            self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
+            # A killed overwrite of this set is finished first (its lease is now ours).
+            roll_forward(self.root, self.name, key=self.key)
+            try:
+                self._refuse_existing()  # committed between the check and the lease
+            except FileExistsError:
+                if not self.overwrite:
+                    raise
+                pending = f"{self.name}.overwrite-{uuid.uuid4().hex}"
+                self.target = self.root.child(pending)
+            else:
+                # What a killed save of this prefix left (its lease is now ours).
+                self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
         except BaseException:
             self._release()
             raise
@@ -131,26 +142,33 @@ class RemoteSetWriter(MemberLedger):
         Args:
             role, file, version, family: as :meth:`~.set_commit.SetWriter.member`.
         """
-        with upload(self.set, file) as sink:
+        with upload(self.target, file) as sink:
             writer = DigestingWriter(sink, self.key)
             yield writer
         self.members[role] = WrittenMember(file, family, version, writer)
 
     def _commit_manifest(self, data: bytes) -> str:
         for m in self.members.values():
-            size = self.set.size(m.file)  # FileNotFoundError: removed under us
+            size = self.target.size(m.file)  # FileNotFoundError: removed under us
             if size != m.writer.size:
                 raise OSError(
-                    f"member {self.set.url_of(m.file)} has {size} bytes in the store,"
+                    f"member {self.target.url_of(m.file)} has {size} bytes in the store,"
                     f" {m.writer.size} were uploaded; the save is not committed"
                 )
         self.lease.check()
-        self.set.create(MANIFEST_FILE, data)
+        self.target.create(MANIFEST_FILE, data)
+        if self.target is not self.set:
+            self.lease.check()
+            _, pending = split_url(self.target.url)
+            write_intent(self.root, self.name, pending)
+            self.committed = True  # the intent is the commit point: never undone
+            roll_forward(self.root, self.name, verify=False)
         self.committed = True
         # Housekeeping: the set is committed whatever happens here; what cannot be
         # cleaned now is cleaned by the next save.
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, CheckpointError):
             clean_orphans(self.root, self.lease.now(), keep=self.name)
+            settle(self.root, key=self.key, lease_seconds=self.lease.seconds)
         return self.path
 
     def _release(self) -> None:
@@ -164,10 +182,12 @@ class RemoteSetWriter(MemberLedger):
                 # Housekeeping only: the error that ended the save is what the caller must
                 # see; objects that cannot be removed now go with the next save's cleaner.
                 with contextlib.suppress(Exception):
-                    self.set.delete([k for k in self.set.object_keys() if k != LEASE_FILE])
+                    self.target.delete([k for k in self.target.object_keys() if k != LEASE_FILE])
         finally:
             with contextlib.suppress(Exception):
                 self._release()
             if not self.committed:
+                with contextlib.suppress(Exception):
+                    self.root.drop_empty(split_url(self.target.url)[1])
                 with contextlib.suppress(Exception):
                     self.root.drop_empty(self.name)

@@ -272,6 +272,13 @@ class Store:
         self.fs.pipe_file(self.path(key), data)
 
     @_guarded
+    def copy_from(self, source: Store, key: str) -> None:
+        """Copy ``source``'s object ``key`` to this store's ``key`` (replacing it), on the
+        server where the store can (S3: ``CopyObject``, multipart for large objects);
+        ``source`` is on the same filesystem."""
+        self.fs.copy(source.path(key), self.path(key))
+
+    @_guarded
     def create(self, key: str, data: bytes) -> None:
         """Write the object ``key`` only if there is none (S3: ``If-None-Match: *``, which
         the store decides atomically; elsewhere as the filesystem offers: see the guide).

@@ -30,6 +30,7 @@ folder and the error (:func:`_report_at_exit`). Only a process killed outright
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -42,6 +43,7 @@ from typing import Any
 from ...codec.errors import CheckpointError
 from ...codec.sets.checkpoint_set import latest_verified
 from ...codec.sets.remote_leases import LEASE_SECONDS
+from ...codec.sets.remote_overwrite import settle
 from ...codec.sets.remote_set_reading import remote_committed_steps, remote_latest
 from ...codec.sets.remote_set_writer import RemoteOptions
 from ...codec.sets.remote_store import is_url, open_store
@@ -124,6 +126,7 @@ class CheckpointManager:
             self.directory = str(directory).rstrip("/")
             self._remote = RemoteOptions(storage_options, lease_seconds)
             self._root = open_store(self.directory, storage_options)
+            self._roll_forward()
         else:
             self.directory = Path(directory)
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -222,6 +225,16 @@ class CheckpointManager:
             self._pending = handle
             return handle
 
+    def _roll_forward(self) -> None:
+        """Finish the remote overwrites that killed saves committed but left unfinished
+        (:func:`~tlckpt.codec.sets.remote_overwrite.settle`)."""
+        if self._remote is None:
+            return
+        # Housekeeping before a read: a store that fails here fails the read next, and a
+        # pending set that does not verify stays as it is (never rolled forward).
+        with contextlib.suppress(CheckpointError, OSError):
+            settle(self._root, key=self._key, lease_seconds=self._remote.lease_seconds)
+
     def _set_path(self, step: int) -> Any:
         """``step``'s set: a folder, or a URL."""
         if self._remote is not None:
@@ -305,6 +318,7 @@ class CheckpointManager:
     def steps(self) -> list[int]:
         """The committed sets' steps, ascending (a set whose manifest parses; not verified)."""
         if self._remote is not None:
+            self._roll_forward()
             return remote_committed_steps(self._root)
         return committed_steps(self.directory)
 
@@ -316,6 +330,7 @@ class CheckpointManager:
         the check that failed.
         """
         if self._remote is not None:
+            self._roll_forward()
             return remote_latest(self._root, key=self._key)
         return latest_verified(self.directory, key=self._key)
 
@@ -356,6 +371,7 @@ class CheckpointManager:
             self._settle(raise_failure=False)
         targets = Targets(model, optimizer, scheduler, rng)
         if self._remote is not None:
+            self._roll_forward()
             options = self._remote.storage_options
             if step is None:
                 return restore_remote_latest(

@@ -8,18 +8,21 @@ for a URL; the codec's :mod:`tlckpt.codec.sets.remote_set_writer` holds the prot
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
 from ...codec.errors import CheckpointError
 from ...codec.sets.remote_leases import remove_remote_set
+from ...codec.sets.remote_overwrite import settle
 from ...codec.sets.remote_set_reading import (
     remote_candidate_steps,
     remote_committed_steps,
     staged_set,
 )
-from ...codec.sets.remote_store import Store, join_url
+from ...codec.sets.remote_store import Store, join_url, open_store, split_url
 from ...codec.sets.set_folders import SkippedCheckpointWarning, retention_victims
+from ...codec.sets.set_keys import as_key
 from ...formats.checkpoint_set import folder_name
 from .set_restoring import Restored, Targets, restore_set
 
@@ -34,7 +37,8 @@ def remote_set_url(directory: str, step: int) -> str:
 def restore_remote(
     url: str, targets: Targets, *, key: Any = None, storage_options: dict[str, Any] | None = None
 ) -> Restored:
-    """Restore the remote set at ``url``: every member streamed by ranged reads, hashed as
+    """Restore the remote set at ``url`` (an overwrite of it that a killed save left
+    unfinished is rolled forward first): every member streamed by ranged reads, hashed as
     it arrives, compared with the manifest, into a local staging folder; then restored from
     it as a local set (verified again as the loads read it; nothing live changes before).
 
@@ -43,6 +47,11 @@ def restore_remote(
             objects; nothing live has changed.
         OSError: from the store or the local disk; nothing live has changed.
     """
+    parent, name = split_url(url.rstrip("/"))
+    # An overwrite of this set that a killed save committed (its intent) is finished
+    # first; a store that fails here fails the staging next, with its own error.
+    with contextlib.suppress(CheckpointError, OSError):
+        settle(open_store(parent, storage_options), key=as_key(key), only=name)
     with staged_set(url, key=key, storage_options=storage_options) as local:
         return restore_set(local, targets, key=key)
 
