@@ -42,7 +42,11 @@ from typing import Any
 
 from tlckpt.testing.processes import PeakProbe, current_rss, free_port, rank_env
 
+__all__ = ["METHODS", "WORLDS", "group_result", "main"]
+
 WIDTH = 1024
+#: The world sizes of the issue's goal (``python -m bench`` runs both).
+WORLDS = (2, 3)
 MIB = 1 << 20
 #: The ways of each operation, timed in turns. ``set``: ``CheckpointManager.save`` (blocking)
 #: and ``restore`` of the model and the optimizer as one checkpoint set (digests, manifest);
@@ -176,7 +180,12 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any]:
+def _run(
+    world: int, size_mib: int, reps: int, tmp: str | None, default_allocator: bool = False
+) -> dict[str, Any]:
+    """Every rank's worker process; rank 0's figures. With ``default_allocator`` the ranks
+    run with the allocator users have (no ``MALLOC_MMAP_THRESHOLD_``), as ``python -m bench``
+    runs every workload."""
     with tempfile.TemporaryDirectory(dir=tmp) as scratch:
         folder = Path(scratch)
         out = folder / "figures.json"
@@ -184,12 +193,62 @@ def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any
         procs = []
         for rank in range(world):
             env = rank_env(rank, world, port)
+            if default_allocator:
+                env.pop("MALLOC_MMAP_THRESHOLD_", None)
             args = ["--worker", str(folder), str(size_mib), str(reps), str(out)]
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.sharded", *args], env=env))
         codes = [p.wait() for p in procs]
         if any(codes) or not out.exists():
             raise SystemExit(f"world {world}, {size_mib} MiB: the workers failed ({codes})")
         return json.loads(out.read_text())
+
+
+def group_result(size_mib: int, worlds: tuple[int, ...], reps: int, tmp: str) -> dict[str, Any]:
+    """The ``sharded`` group of ``python -m bench``: every world's figures as the other groups
+    report theirs.
+
+    Each world runs ``reps + 1`` interleaved repetitions; the first is the untimed round (the
+    first call's costs: lazy imports, the arena, gloo's first collectives), as in
+    :func:`bench.measure.interleave`. Ways are named ``world <n>: <method>``; ``growth`` holds
+    rank 0's peak memory growth (bytes, the largest of the repetitions).
+
+    Args:
+        size_mib: MiB of float32 parameters (``Linear(1024, 1024)`` layers, AdamW moments).
+        worlds: the numbers of ranks, one gloo group each.
+        reps: the timed repetitions.
+        tmp: the parent of each world's scratch folder.
+
+    Returns:
+        ``times`` (operation -> way -> seconds), ``growth``, ``routes``, ``payload_bytes``
+        (the model and optimizer files' bytes), ``params_bytes``, ``size_mib``, ``worlds``.
+    """
+    times: dict[str, dict[str, list[float]]] = {op: {} for op in METHODS}
+    growth: dict[str, dict[str, int]] = {op: {} for op in METHODS}
+    routes: dict[str, dict[str, str]] = {}
+    params = files = 0
+    for world in worlds:
+        run = _run(world, size_mib, reps + 1, tmp, default_allocator=True)
+        for op, methods in METHODS.items():
+            for method in methods:
+                timed = [
+                    f
+                    for f in run["figures"]
+                    if f["operation"] == op and f["method"] == method and f["rep"] > 0
+                ]
+                way = f"world {world}: {method}"
+                times[op][way] = [f["seconds"] for f in timed]
+                growth[op][way] = max(f["rank0_growth"] for f in timed)
+        routes[str(world)] = run["routes"]
+        params, files = run["params"], run["files"]["tlckpt"]
+    return {
+        "times": times,
+        "growth": growth,
+        "routes": routes,
+        "payload_bytes": files,
+        "params_bytes": params,
+        "size_mib": size_mib,
+        "worlds": list(worlds),
+    }
 
 
 def _table(results: list[tuple[int, int, dict[str, Any]]]) -> str:
@@ -225,7 +284,7 @@ def main() -> None:
         _worker(Path(folder), int(size), int(reps), Path(out))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256], help="MiB of params")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tmp", default=None, help="parent of the scratch folders")
