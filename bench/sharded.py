@@ -21,7 +21,11 @@ and its optimizer with
 repetitions interleaved, ``os.sync()`` before each operation, a barrier before and after (the
 time is the slowest rank's). Rank 0's peak memory growth is its resident set's high-water mark
 during the operation minus its resident set just before (``/proc/self/clear_refs``), as
-``tests/distributed/measure_memory.py`` measures it. Prints a Markdown table of medians.
+``tests/distributed/measure_memory.py`` measures it. After the last repetition each load way
+loads once more into zeroed live state, checked by CRC-32 per shard on every rank. Prints a
+Markdown table of medians. ``python -m bench --only sharded`` runs the same workers (worlds 2
+and 3, one untimed round first, the allocator users have) as a group of the benchmark, its
+ratios to DCP rows of the goals table (:func:`group_result`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
+    from bench.ways import checksums
     from tlckpt import CheckpointManager
     from tlckpt.codec.sets.set_commit import remove_set
     from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
@@ -132,7 +137,29 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
         ("load", "tlckpt-rank0"): tlckpt("load", "rank0"),
         ("load", "dcp"): dcp_load,
     }
+
+    def local_state() -> list[Any]:
+        """This rank's shards of the parameters and of every optimizer tensor (anew: a
+        load may replace the moments)."""
+        tensors = [p for p in model.parameters()]
+        tensors += [v for state in opt.state.values() for _, v in sorted(state.items())]
+        return [
+            t.to_local() if hasattr(t, "to_local") else t for t in tensors if torch.is_tensor(t)
+        ]
+
+    def verify(load: Any) -> bool:
+        """Whether ``load`` lands the saved values in zeroed live state, on every rank."""
+        reference = checksums(local_state())
+        with torch.no_grad():
+            for t in local_state():
+                t.zero_()
+        load()
+        ok = torch.tensor([int(checksums(local_state()) == reference)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
     figures: list[dict[str, Any]] = []
+    verified: dict[str, bool] = {}
     probe = PeakProbe()
     routes: dict[str, str] = {}
     for rep in range(reps):
@@ -166,6 +193,8 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
                         "rank0_growth": growth,
                     }
                 )
+        if rep == reps - 1:  # every file is still there: check each load way, untimed
+            verified = {m: verify(operations[("load", m)]) for m in METHODS["load"]}
         if rank == 0:
             shutil.rmtree(folder / "dcp", ignore_errors=True)  # a fresh folder for each save
         dist.barrier()
@@ -175,7 +204,15 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     if rank == 0:
         params = sum(p.numel() * 4 for p in model.parameters())
         out.write_text(
-            json.dumps({"figures": figures, "routes": routes, "params": params, "files": files})
+            json.dumps(
+                {
+                    "figures": figures,
+                    "routes": routes,
+                    "params": params,
+                    "files": files,
+                    "verified": verified,
+                }
+            )
         )
     dist.destroy_process_group()
 
@@ -210,7 +247,8 @@ def group_result(size_mib: int, worlds: tuple[int, ...], reps: int, tmp: str) ->
     Each world runs ``reps + 1`` interleaved repetitions; the first is the untimed round (the
     first call's costs: lazy imports, the arena, gloo's first collectives), as in
     :func:`bench.measure.interleave`. Ways are named ``world <n>: <method>``; ``growth`` holds
-    rank 0's peak memory growth (bytes, the largest of the repetitions).
+    rank 0's peak memory growth (bytes, the largest of the repetitions); ``verified``, for
+    each load way, whether it landed the saved values in zeroed live state on every rank.
 
     Args:
         size_mib: MiB of float32 parameters (``Linear(1024, 1024)`` layers, AdamW moments).
@@ -219,12 +257,14 @@ def group_result(size_mib: int, worlds: tuple[int, ...], reps: int, tmp: str) ->
         tmp: the parent of each world's scratch folder.
 
     Returns:
-        ``times`` (operation -> way -> seconds), ``growth``, ``routes``, ``payload_bytes``
-        (the model and optimizer files' bytes), ``params_bytes``, ``size_mib``, ``worlds``.
+        ``times`` (operation -> way -> seconds), ``growth``, ``verified``, ``routes``,
+        ``payload_bytes`` (the model and optimizer files' bytes), ``params_bytes``,
+        ``size_mib``, ``worlds``.
     """
     times: dict[str, dict[str, list[float]]] = {op: {} for op in METHODS}
     growth: dict[str, dict[str, int]] = {op: {} for op in METHODS}
     routes: dict[str, dict[str, str]] = {}
+    verified: dict[str, bool] = {}
     params = files = 0
     for world in worlds:
         run = _run(world, size_mib, reps + 1, tmp, default_allocator=True)
@@ -236,6 +276,8 @@ def group_result(size_mib: int, worlds: tuple[int, ...], reps: int, tmp: str) ->
                     if f["operation"] == op and f["method"] == method and f["rep"] > 0
                 ]
                 way = f"world {world}: {method}"
+                if op == "load":
+                    verified[way] = run["verified"][method]
                 times[op][way] = [f["seconds"] for f in timed]
                 growth[op][way] = max(f["rank0_growth"] for f in timed)
         routes[str(world)] = run["routes"]
@@ -243,6 +285,7 @@ def group_result(size_mib: int, worlds: tuple[int, ...], reps: int, tmp: str) ->
     return {
         "times": times,
         "growth": growth,
+        "verified": verified,
         "routes": routes,
         "payload_bytes": files,
         "params_bytes": params,
