@@ -297,6 +297,18 @@ def render_markdown(report: dict, png_name: str) -> str:
         " `/proc/self/clear_refs`) minus VmRSS before the call, in those fresh processes."
         " After the timings every load way is checked to land the saved values.",
         "",
+    ]
+    if "sharded" in report["groups"]:
+        out += [
+            "The `sharded` group (FSDP2 model + AdamW against `torch.distributed.checkpoint`):"
+            " each world's ranks are processes of their own (gloo on this machine, one thread"
+            " each), started by the group's process; the ways take turns in the same process"
+            " group (one untimed round first), `os.sync()` and a barrier before each call, a"
+            " barrier after it: the time is the slowest rank's. Memory is rank 0's peak growth"
+            " during the call; no cold figure (no goal asks for one).",
+            "",
+        ]
+    out += [
         "## Goals",
         "",
         "| goal | warm | cold | bound | verdict |",
