@@ -268,6 +268,29 @@ GOALS: list[Goal] = [
         _r("bf16", "load", "safetensors"),
         1.0,
     ),
+    # Issue #23: sharded save and load (FSDP2 model + AdamW, gloo) against DCP, per world.
+    *(
+        Goal(
+            f"Sharded, world {world} (64 MiB + AdamW; quick: 8): {op} with {label} vs DCP",
+            _r("sharded", op, f"world {world}: {way}"),
+            _r("sharded", op, f"world {world}: dcp"),
+            1.0,
+            caches=W,
+        )
+        for world in (2, 3)
+        for op in ("save", "load")
+        for label, way in (("the file functions", "tlckpt"), ("a checkpoint set", "set"))
+    ),
+    *(
+        Goal(
+            f"Sharded, world {world}: save(blocking=False), the call, vs the blocking set save",
+            _r("sharded", "save", f"world {world}: set background"),
+            _r("sharded", "save", f"world {world}: set"),
+            0.3 if world == 2 else None,
+            caches=W,
+        )
+        for world in (2, 3)
+    ),
     *(
         Goal(
             f"exact-bits JSON: {op} vs the standard library's json (≥ 3x faster)",

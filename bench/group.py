@@ -1,7 +1,7 @@
 """One workload in its own process, every library in turns: ``python -m bench.group '<spec>'``.
 
 The spec names the group (``big1``, ``big48``, ``small``, ``gpt2``, ``json``, ``inspect``,
-``bf16``),
+``bf16``, ``sharded``),
 the run mode, the repetitions and a scratch folder. The process builds the live state
 (untimed), times every save way in turns, then every load way in turns (each repetition
 preceded by its untimed preparation, ``os.sync()`` and ``gc.collect()``), then checks that
@@ -12,6 +12,7 @@ the scratch folder for the fresh-process probes (:mod:`bench.probe`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -161,6 +162,14 @@ def _bf16_group(live: dict, folder: str, reps: int) -> dict:
     return out
 
 
+def _sharded_group(size: Size, folder: str, reps: int) -> dict:
+    """FSDP2 model + AdamW at worlds 2 and 3 against DCP: each world's ranks are processes
+    of their own (gloo), started from this one (:func:`bench.sharded.group_result`)."""
+    from bench.sharded import WORLDS, group_result
+
+    return group_result(size.sharded_mib, WORLDS, reps, folder)
+
+
 GROUPS: dict[str, Callable[[dict, Size, str, int], dict]] = {
     "big1": lambda live, s, f, r: _state_group(
         live, f, r, ("raw readinto", "raw preadv x2", "raw mmap+copy_")
@@ -173,12 +182,15 @@ GROUPS: dict[str, Callable[[dict, Size, str, int], dict]] = {
     "json": lambda live, s, f, r: _json_group(live, f, r),
     "inspect": lambda live, s, f, r: _inspect_group(s, f, r),
     "bf16": lambda live, s, f, r: _bf16_group(live, f, r),
+    "sharded": lambda live, s, f, r: _sharded_group(s, f, r),
 }
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     size = SIZES[spec["mode"]]
+    if spec.get("sharded_mib"):
+        size = dataclasses.replace(size, sharded_mib=spec["sharded_mib"])
     live = build(spec["group"], size)
     result = GROUPS[spec["group"]](live, size, spec["folder"], spec["reps"])
     result["group"] = spec["group"]

@@ -8,7 +8,9 @@
 * ``json`` — 4 Mi float32 values as exact-bits JSON words;
 * ``inspect`` — files of 10^6 empty records, alike and of changing shapes;
 * ``bf16`` — 32 bf16 ``Linear(2048, 2048)`` (134M parameters, 256 MiB; quick: 8 x 1024):
-  the safetensors layout standalone and in a checkpoint set (:mod:`bench.bf16`).
+  the safetensors layout standalone and in a checkpoint set (:mod:`bench.bf16`);
+* ``sharded`` — an FSDP2 model of ``Linear(1024, 1024)`` layers (64 MiB of float32
+  parameters; quick: 8) and its AdamW, at worlds 2 and 3, against DCP (:mod:`bench.sharded`).
 
 Every model-state workload is an ``nn.Module``, so each library is driven as users drive it:
 ``state_dict`` / ``load_state_dict`` for the baselines, the module itself for tlckpt.
@@ -35,6 +37,8 @@ class Size:
     inspect_records: int
     #: The ``bf16`` group's model: (layers, width) of bf16 ``Linear(width, width)``.
     bf16: tuple[int, int] = (32, 2048)
+    #: The ``sharded`` group's MiB of float32 parameters (``python -m bench --sharded-mib``).
+    sharded_mib: int = 64
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +54,7 @@ SIZES = {
         (400, 1024),
         20_000,
         (8, 1024),
+        8,
     ),
 }
 

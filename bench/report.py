@@ -228,9 +228,20 @@ def _group_tables(report: dict) -> list[str]:
             sections.append(("optimizer", group["optimizer"]))
         for kind, data in sections:
             size = data.get("payload_bytes", 0)
+            if "params_bytes" in data:  # the sharded group: its ranks' figures
+                title = (
+                    f"### {name}: {data['params_bytes'] / MIB:.0f} MiB of float32 parameters"
+                    f" + AdamW ({size / MIB:.0f} MiB of files), worlds"
+                    f" {', '.join(map(str, data['worlds']))}: the slowest rank's time, rank 0's"
+                    " peak growth"
+                )
+            else:
+                title = (
+                    f"### {name} ({kind}): {data.get('tensor_count', '')} tensors,"
+                    f" {size / MIB:.1f} MiB"
+                )
             out += [
-                f"### {name} ({kind}): {data.get('tensor_count', '')} tensors,"
-                f" {size / MIB:.1f} MiB",
+                title,
                 "",
                 "| operation | way | median | min - max | GB/s | verified | cold (fresh process)"
                 " | peak RSS growth MiB |",
@@ -242,6 +253,8 @@ def _group_tables(report: dict) -> list[str]:
                     probe = _probe(report, ref, way)
                     cold = _secs(probe["seconds"]) if probe and probe["cache"] == "cold" else ""
                     grow = f"{probe['peak_growth'] / MIB:+.1f}" if probe else ""
+                    if not probe and way in data.get("growth", {}).get(op, {}):
+                        grow = f"{data['growth'][op][way] / MIB:+.1f}"
                     m = statistics.median(times)
                     rate = f"{size / m / 1e9:.2f}" if size else ""
                     ok = data.get("verified", {}).get(way)
@@ -284,6 +297,18 @@ def render_markdown(report: dict, png_name: str) -> str:
         " `/proc/self/clear_refs`) minus VmRSS before the call, in those fresh processes."
         " After the timings every load way is checked to land the saved values.",
         "",
+    ]
+    if "sharded" in report["groups"]:
+        out += [
+            "The `sharded` group (FSDP2 model + AdamW against `torch.distributed.checkpoint`):"
+            " each world's ranks are processes of their own (gloo on this machine, one thread"
+            " each), started by the group's process; the ways take turns in the same process"
+            " group (one untimed round first), `os.sync()` and a barrier before each call, a"
+            " barrier after it: the time is the slowest rank's. Memory is rank 0's peak growth"
+            " during the call; no cold figure (no goal asks for one).",
+            "",
+        ]
+    out += [
         "## Goals",
         "",
         "| goal | warm | cold | bound | verdict |",

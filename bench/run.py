@@ -2,7 +2,8 @@
 
 ``.venv/bin/python -m bench [--quick] [--only GROUP ...] [--reps N]`` from the repository
 root writes ``bench/results/<YYYY-MM-DD>.{json,md,png}`` (``<date>-quick.*`` with
-``--quick``, ``<date>[-quick]-partial.*`` with ``--only``). Scratch files live in a folder
+``--quick``, ``<date>[-quick]-partial.*`` with ``--only``; ``--sharded-mib N`` sizes the
+``sharded`` group). Scratch files live in a folder
 under ``--tmp`` (default ``/tmp``), removed at the end, whatever happens. No environment
 variable is set for the timed processes: they run with the allocator users have.
 """
@@ -33,8 +34,26 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Timed repetitions per group (after one untimed round), all libraries in turns.
 REPS = {
-    "full": {"big1": 5, "big48": 5, "small": 7, "gpt2": 3, "json": 3, "inspect": 3, "bf16": 5},
-    "quick": {"big1": 2, "big48": 2, "small": 2, "gpt2": 2, "json": 2, "inspect": 2, "bf16": 2},
+    "full": {
+        "big1": 5,
+        "big48": 5,
+        "small": 7,
+        "gpt2": 3,
+        "json": 3,
+        "inspect": 3,
+        "bf16": 5,
+        "sharded": 5,
+    },
+    "quick": {
+        "big1": 2,
+        "big48": 2,
+        "small": 2,
+        "gpt2": 2,
+        "json": 2,
+        "inspect": 2,
+        "bf16": 2,
+        "sharded": 2,
+    },
 }
 _BIG_LOADS = ("tlckpt default", "tlckpt staged", "tlckpt in place", "torch", "safetensors")
 #: Fresh-process probes per group: (kind, op, way, cache). Cold loads, and the peak memory
@@ -63,6 +82,8 @@ PROBES: dict[str, list[tuple[str, str, str, str]]] = {
     "json": [],
     "inspect": [],
     "bf16": [("state", "load", w, "cold") for w in ("tlckpt set", "tlckpt", "safetensors")],
+    # Its goals are warm (every rank a process of its own; no fresh-process probe).
+    "sharded": [],
 }
 #: Scratch space the largest group needs at once (512 MiB x four libraries, and margin).
 DISK_NEEDED = {"full": 6 << 30, "quick": 1 << 30}
@@ -74,6 +95,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small workloads (smoke run)")
     parser.add_argument("--only", action="append", choices=sorted(GROUPS), help="a group")
     parser.add_argument("--reps", type=int, help="repetitions per operation (every group)")
+    parser.add_argument(
+        "--sharded-mib", type=int, help="MiB of parameters of the sharded group (64; quick: 8)"
+    )
     parser.add_argument("--no-probes", action="store_true", help="skip fresh-process probes")
     parser.add_argument("--tmp", default="/tmp", help="parent of the scratch folder")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
@@ -186,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             os.mkdir(folder)
             reps = args.reps or REPS[mode][group]
             spec = {"group": group, "mode": mode, "reps": reps, "folder": folder}
+            if group == "sharded" and args.sharded_mib:
+                spec["sharded_mib"] = args.sharded_mib
             print(f"{group} (reps={reps})", file=sys.stderr, flush=True)
             results[group] = _run("bench.group", spec, TIMEOUT_S[mode])
             if "error" in results[group]:
@@ -202,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     wall = time.perf_counter() - t0
     command = "python -m bench" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
+    sizes = SIZES[mode].as_dict()
+    if args.sharded_mib:
+        sizes["sharded_mib"] = args.sharded_mib
     report = {
         "meta": {
             "started": started.isoformat(timespec="seconds"),
@@ -209,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": command,
             "wall_s": wall,
             "loadavg": loads,
-            "sizes": SIZES[mode].as_dict(),
+            "sizes": sizes,
             "reps": {g: args.reps or REPS[mode][g] for g in groups},
             "machine": machine,
         },

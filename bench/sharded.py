@@ -21,7 +21,11 @@ and its optimizer with
 repetitions interleaved, ``os.sync()`` before each operation, a barrier before and after (the
 time is the slowest rank's). Rank 0's peak memory growth is its resident set's high-water mark
 during the operation minus its resident set just before (``/proc/self/clear_refs``), as
-``tests/distributed/measure_memory.py`` measures it. Prints a Markdown table of medians.
+``tests/distributed/measure_memory.py`` measures it. After the last repetition each load way
+loads once more into zeroed live state, checked by CRC-32 per shard on every rank. Prints a
+Markdown table of medians. ``python -m bench --only sharded`` runs the same workers (worlds 2
+and 3, one untimed round first, the allocator users have) as a group of the benchmark, its
+ratios to DCP rows of the goals table (:func:`group_result`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,11 @@ from typing import Any
 
 from tlckpt.testing.processes import PeakProbe, current_rss, free_port, rank_env
 
+__all__ = ["METHODS", "WORLDS", "group_result", "main"]
+
 WIDTH = 1024
+#: The world sizes of the issue's goal (``python -m bench`` runs both).
+WORLDS = (2, 3)
 MIB = 1 << 20
 #: The ways of each operation, timed in turns. ``set``: ``CheckpointManager.save`` (blocking)
 #: and ``restore`` of the model and the optimizer as one checkpoint set (digests, manifest);
@@ -61,6 +69,7 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
+    from bench.ways import checksums
     from tlckpt import CheckpointManager
     from tlckpt.codec.sets.set_commit import remove_set
     from tlckpt.runtime import load_module_state, load_optimizer, save_module_state, save_optimizer
@@ -128,7 +137,29 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
         ("load", "tlckpt-rank0"): tlckpt("load", "rank0"),
         ("load", "dcp"): dcp_load,
     }
+
+    def local_state() -> list[Any]:
+        """This rank's shards of the parameters and of every optimizer tensor (anew: a
+        load may replace the moments)."""
+        tensors = [p for p in model.parameters()]
+        tensors += [v for state in opt.state.values() for _, v in sorted(state.items())]
+        return [
+            t.to_local() if hasattr(t, "to_local") else t for t in tensors if torch.is_tensor(t)
+        ]
+
+    def verify(load: Any) -> bool:
+        """Whether ``load`` lands the saved values in zeroed live state, on every rank."""
+        reference = checksums(local_state())
+        with torch.no_grad():
+            for t in local_state():
+                t.zero_()
+        load()
+        ok = torch.tensor([int(checksums(local_state()) == reference)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
     figures: list[dict[str, Any]] = []
+    verified: dict[str, bool] = {}
     probe = PeakProbe()
     routes: dict[str, str] = {}
     for rep in range(reps):
@@ -162,6 +193,8 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
                         "rank0_growth": growth,
                     }
                 )
+        if rep == reps - 1:  # every file is still there: check each load way, untimed
+            verified = {m: verify(operations[("load", m)]) for m in METHODS["load"]}
         if rank == 0:
             shutil.rmtree(folder / "dcp", ignore_errors=True)  # a fresh folder for each save
         dist.barrier()
@@ -171,12 +204,25 @@ def _worker(folder: Path, size_mib: int, reps: int, out: Path) -> None:
     if rank == 0:
         params = sum(p.numel() * 4 for p in model.parameters())
         out.write_text(
-            json.dumps({"figures": figures, "routes": routes, "params": params, "files": files})
+            json.dumps(
+                {
+                    "figures": figures,
+                    "routes": routes,
+                    "params": params,
+                    "files": files,
+                    "verified": verified,
+                }
+            )
         )
     dist.destroy_process_group()
 
 
-def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any]:
+def _run(
+    world: int, size_mib: int, reps: int, tmp: str | None, default_allocator: bool = False
+) -> dict[str, Any]:
+    """Every rank's worker process; rank 0's figures. With ``default_allocator`` the ranks
+    run with the allocator users have (no ``MALLOC_MMAP_THRESHOLD_``), as ``python -m bench``
+    runs every workload."""
     with tempfile.TemporaryDirectory(dir=tmp) as scratch:
         folder = Path(scratch)
         out = folder / "figures.json"
@@ -184,12 +230,68 @@ def _run(world: int, size_mib: int, reps: int, tmp: str | None) -> dict[str, Any
         procs = []
         for rank in range(world):
             env = rank_env(rank, world, port)
+            if default_allocator:
+                env.pop("MALLOC_MMAP_THRESHOLD_", None)
             args = ["--worker", str(folder), str(size_mib), str(reps), str(out)]
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.sharded", *args], env=env))
         codes = [p.wait() for p in procs]
         if any(codes) or not out.exists():
             raise SystemExit(f"world {world}, {size_mib} MiB: the workers failed ({codes})")
         return json.loads(out.read_text())
+
+
+def group_result(size_mib: int, worlds: tuple[int, ...], reps: int, tmp: str) -> dict[str, Any]:
+    """The ``sharded`` group of ``python -m bench``: every world's figures as the other groups
+    report theirs.
+
+    Each world runs ``reps + 1`` interleaved repetitions; the first is the untimed round (the
+    first call's costs: lazy imports, the arena, gloo's first collectives), as in
+    :func:`bench.measure.interleave`. Ways are named ``world <n>: <method>``; ``growth`` holds
+    rank 0's peak memory growth (bytes, the largest of the repetitions); ``verified``, for
+    each load way, whether it landed the saved values in zeroed live state on every rank.
+
+    Args:
+        size_mib: MiB of float32 parameters (``Linear(1024, 1024)`` layers, AdamW moments).
+        worlds: the numbers of ranks, one gloo group each.
+        reps: the timed repetitions.
+        tmp: the parent of each world's scratch folder.
+
+    Returns:
+        ``times`` (operation -> way -> seconds), ``growth``, ``verified``, ``routes``,
+        ``payload_bytes`` (the model and optimizer files' bytes), ``params_bytes``,
+        ``size_mib``, ``worlds``.
+    """
+    times: dict[str, dict[str, list[float]]] = {op: {} for op in METHODS}
+    growth: dict[str, dict[str, int]] = {op: {} for op in METHODS}
+    routes: dict[str, dict[str, str]] = {}
+    verified: dict[str, bool] = {}
+    params = files = 0
+    for world in worlds:
+        run = _run(world, size_mib, reps + 1, tmp, default_allocator=True)
+        for op, methods in METHODS.items():
+            for method in methods:
+                timed = [
+                    f
+                    for f in run["figures"]
+                    if f["operation"] == op and f["method"] == method and f["rep"] > 0
+                ]
+                way = f"world {world}: {method}"
+                if op == "load":
+                    verified[way] = run["verified"][method]
+                times[op][way] = [f["seconds"] for f in timed]
+                growth[op][way] = max(f["rank0_growth"] for f in timed)
+        routes[str(world)] = run["routes"]
+        params, files = run["params"], run["files"]["tlckpt"]
+    return {
+        "times": times,
+        "growth": growth,
+        "verified": verified,
+        "routes": routes,
+        "payload_bytes": files,
+        "params_bytes": params,
+        "size_mib": size_mib,
+        "worlds": list(worlds),
+    }
 
 
 def _table(results: list[tuple[int, int, dict[str, Any]]]) -> str:
@@ -225,7 +327,7 @@ def main() -> None:
         _worker(Path(folder), int(size), int(reps), Path(out))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256], help="MiB of params")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tmp", default=None, help="parent of the scratch folders")
