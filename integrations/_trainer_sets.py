@@ -26,7 +26,7 @@ import orjson
 
 from ..codec.errors import CheckpointError, MalformedError
 from ..codec.fileio.atomic import atomic_output, fsync_folder
-from ..codec.sets.checkpoint_set import VerifiedSet, verify_checkpoint
+from ..codec.sets.checkpoint_set import VerifiedSet
 from ..codec.sets.rng_states import check_random_state
 from ..codec.sets.set_folder_moves import remove_tree, rename_aside
 from ..codec.sets.set_folders import SkippedCheckpointWarning
@@ -144,9 +144,11 @@ def resume_point(path: str | os.PathLike, *, key: bytes | None = None) -> Resume
         OSError: from the file system.
     """
     path = os.fspath(path)
-    manifest = verify_checkpoint(path, key=key)
+    # One pass over the set: the digests as it is opened, then what verify_checkpoint checks.
     with VerifiedSet.open(path, key=key) as verified:
         state = verified.training_state()
+        verified.check_members()
+        manifest = verified.manifest
     extra = state.extra
     if not isinstance(extra, dict) or extra.get("format") != EXTRA_FORMAT:
         raise CheckpointError(

@@ -295,6 +295,37 @@ class VerifiedSet:
             raise exc.with_path(self.folder / opened.record.file) from None
         return state
 
+    def check_members(self) -> None:
+        """What :func:`verify_checkpoint` checks beyond the digests: each member's family,
+        version and header (read through its verified handle, so its bytes are not read
+        again), and the model's shapes against the manifest's; then that nothing changed in
+        place since it was hashed.
+
+        Raises:
+            CheckpointError: as :func:`verify_checkpoint`.
+        """
+        for role, record in self.manifest.members.items():
+            if role == "training_state":
+                continue
+            try:
+                info = inspect(self.file(role))
+            except CheckpointError as exc:
+                raise exc.with_path(self.folder / record.file) from None
+            family = info.get("family")
+            # An exact-bits JSON file names its version in its format tag (all are v1); the
+            # safetensors layout has none, which a manifest records as 0.
+            version = info.get("version", _UNNAMED_VERSIONS.get(family))
+            _check_record(role, self.folder / record.file, record, family, version)
+            if (role == "model" or record.tensors is not None) and not _shapes_agree(
+                info, record, self.manifest
+            ):
+                raise CheckpointError(
+                    "the model member's tensor shapes differ from the manifest's",
+                    path=self.folder / record.file,
+                    field="state",
+                )
+        self.confirm_unchanged()
+
     def confirm_unchanged(self) -> None:
         """Raise :class:`FileChangedError` if a member changed in place since it was hashed."""
         for role, opened in self.members.items():
@@ -351,27 +382,7 @@ def verify_checkpoint(
             return verify_checkpoint(local, key=key)
     with VerifiedSet.open(path, key=key) as verified:
         verified.training_state()
-        for role, record in verified.manifest.members.items():
-            if role == "training_state":
-                continue
-            try:
-                info = inspect(verified.file(role))
-            except CheckpointError as exc:
-                raise exc.with_path(Path(path) / record.file) from None
-            family = info.get("family")
-            # An exact-bits JSON file names its version in its format tag (all are v1); the
-            # safetensors layout has none, which a manifest records as 0.
-            version = info.get("version", _UNNAMED_VERSIONS.get(family))
-            _check_record(role, Path(path) / record.file, record, family, version)
-            if (role == "model" or record.tensors is not None) and not _shapes_agree(
-                info, record, verified.manifest
-            ):
-                raise CheckpointError(
-                    "the model member's tensor shapes differ from the manifest's",
-                    path=Path(path) / record.file,
-                    field="state",
-                )
-        verified.confirm_unchanged()
+        verified.check_members()
         return verified.manifest
 
 
