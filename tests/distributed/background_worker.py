@@ -13,13 +13,11 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -27,7 +25,7 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sharded_support import K, N, differences, snapshot
+from sharded_support import K, N, differences, run_checks, snapshot
 
 import tlckpt
 from tlckpt.codec.sets.set_digests import DigestingWriter
@@ -264,15 +262,10 @@ def main() -> None:
     else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     mesh = init_device_mesh(DEVICE, (WORLD,))
-    results: dict[str, Any] = {}
-    out = WORKDIR / f"bg-r{RANK}.json"
     try:
-        for name in os.environ["TLCKPT_TEST_CHECKS"].split(","):
-            try:
-                results[name] = {"ok": True, **CHECKS[name](mesh)}
-            except Exception:
-                results[name] = {"ok": False, "error": traceback.format_exc()}
-            out.write_bytes(orjson.dumps(results, default=str))
+        run_checks(
+            os.environ["TLCKPT_TEST_CHECKS"].split(","), CHECKS, mesh, WORKDIR / f"bg-r{RANK}.json"
+        )
     finally:
         dist.destroy_process_group()
 

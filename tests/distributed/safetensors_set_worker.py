@@ -15,13 +15,11 @@ import logging
 import os
 import shutil
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -29,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sharded_support import K, N, differences, snapshot
+from sharded_support import K, N, differences, run_checks, snapshot
 
 import tlckpt
 from tlckpt.codec.sets import checkpoint_set
@@ -287,15 +285,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     mesh = init_device_mesh("cpu", (WORLD,))
-    results: dict[str, Any] = {}
-    out = WORKDIR / f"st-r{RANK}.json"
     try:
-        for name in ("resume", "damaged"):
-            try:
-                results[name] = {"ok": True, **CHECKS[name](mesh)}
-            except Exception:
-                results[name] = {"ok": False, "error": traceback.format_exc()}
-            out.write_bytes(orjson.dumps(results, default=str))
+        run_checks(("resume", "damaged"), CHECKS, mesh, WORKDIR / f"st-r{RANK}.json")
     finally:
         dist.destroy_process_group()
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +219,18 @@ def launch(
         path = workdir / f"results-w{world}-r{rank}.json"
         results.append(orjson.loads(path.read_bytes()) if path.exists() else {})
     return results, elapsed, "\n".join(output)
+
+
+def run_checks(
+    names: Iterable[str], checks: Mapping[str, Callable[[Any], dict]], arg: Any, out: Path
+) -> None:
+    """A worker's checks, in turn: each named check called with ``arg``; every result so far
+    (``ok``, the check's figures, or the traceback of its failure) written to ``out`` as
+    JSON after each, so that a rank that dies mid-way leaves what it had done."""
+    results: dict[str, Any] = {}
+    for name in names:
+        try:
+            results[name] = {"ok": True, **checks[name](arg)}
+        except Exception:  # reported to the test, which fails on it
+            results[name] = {"ok": False, "error": traceback.format_exc()}
+        out.write_bytes(orjson.dumps(results, default=str))

@@ -15,12 +15,10 @@ Files are exchanged between groups (and the pytest process) through WORKDIR:
 from __future__ import annotations
 
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -35,6 +33,7 @@ from sharded_support import (
     local_slice,
     max_difference,
     plain_copy,
+    run_checks,
     snapshot,
 )
 from worker_common import (
@@ -212,15 +211,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     ctx: dict[str, Any] = {"mesh": init_device_mesh("cpu", (WORLD,))}
-    results: dict[str, Any] = {}
-    out = WORKDIR / f"results-w{WORLD}-r{RANK}.json"
     try:
-        for name in sys.argv[2:]:
-            try:
-                results[name] = {"ok": True, **CHECKS[name](ctx)}
-            except Exception:
-                results[name] = {"ok": False, "error": traceback.format_exc()}
-            out.write_bytes(orjson.dumps(results, default=str))
+        run_checks(sys.argv[2:], CHECKS, ctx, WORKDIR / f"results-w{WORLD}-r{RANK}.json")
     finally:
         dist.destroy_process_group()
 
