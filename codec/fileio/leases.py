@@ -90,17 +90,20 @@ class ReadLease:
         self.requested_at = requested_at
         self.break_seconds = break_seconds
 
+    def unbroken(self) -> bool:
+        """Whether the lease is held and no writer has asked for it (one ``fcntl``)."""
+        try:
+            return fcntl.fcntl(self.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK
+        except (OSError, AttributeError):
+            return False
+
     def intact(self) -> bool:
         """Whether the file certainly has not changed since the lease was requested.
 
         ``True`` while the lease is unbroken, and after a break while too little time has
         passed for the kernel to have removed the lease (a waiting writer is still waiting).
         """
-        try:
-            unbroken = fcntl.fcntl(self.fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK
-        except (OSError, AttributeError):
-            unbroken = False
-        if unbroken:
+        if self.unbroken():
             return True
         elapsed = time.monotonic() - self.requested_at
         return elapsed < self.break_seconds - BREAK_MARGIN_SECONDS

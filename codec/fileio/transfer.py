@@ -34,7 +34,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -45,6 +45,8 @@ __all__ = [
     "CHUNK_BYTES",
     "GAP_BYTES",
     "IOV_MAX",
+    "MAPPED_MIN_PIECE",
+    "MappedFile",
     "PARALLEL_MIN_BYTES",
     "THREADS",
     "Extents",
@@ -68,6 +70,9 @@ GAP_BYTES = 64 << 10
 PARALLEL_MIN_BYTES = 32 << 20
 #: Threads of a parallel transfer: a few are enough to keep memory bandwidth busy.
 THREADS = max(1, min(4, os.cpu_count() or 1))
+#: A read copies from a mapping (:mod:`.mapped`) only where its pieces average this much:
+#: below, a ``memmove`` call per piece costs more than the kernel's slower copy.
+MAPPED_MIN_PIECE = 256 << 10
 
 # ``struct iovec`` is two machine words; the address/length table below is laid out as
 # exactly that, so numpy builds it without a per-piece Python call.
@@ -305,11 +310,37 @@ def _readinto_all(file: BinaryIO, extents: Extents, what: Any) -> None:
             got += n
 
 
+class MappedFile(Protocol):
+    """A mapping of the file read (:class:`~.mapped.FileMapping`), as reads use it."""
+
+    address: int
+
+    def usable(self, offset: int, nbytes: int) -> bool: ...
+
+    def release(self, offset: int, nbytes: int) -> None: ...
+
+
+def _copy_mapped(mapping: MappedFile, call: _Call) -> bool:
+    """One call's pieces copied from a mapping of the file (``False``, nothing copied, where
+    its pieces are too small to gain or :meth:`~.mapped.FileMapping.usable` says no)."""
+    if call.nbytes < MAPPED_MIN_PIECE * len(call.table):
+        return False
+    if not mapping.usable(call.offset, call.nbytes):
+        return False
+    source = mapping.address + call.offset
+    for address, length in call.table.tolist():
+        ctypes.memmove(address, source, length)
+        source += length
+    mapping.release(call.offset, call.nbytes)
+    return True
+
+
 def read_extents(
     file: BinaryIO,
     extents: Extents,
     what: Any = "payload",
     progress: Callable[[int], None] | None = None,
+    mapping: MappedFile | None = None,
 ) -> None:
     """Fill every piece of memory from its place in the file.
 
@@ -320,6 +351,8 @@ def read_extents(
         progress: called before each read with the number of pieces (counted from the
             first) that may have been written into once it is done: a caller that must say
             how much memory a failed read touched counts up to there.
+        mapping: a mapping of the same file under a read lease (:mod:`.mapped`): large
+            pieces whose pages are in memory are copied from it, the rest read.
 
     Raises:
         TruncatedError: the file ended before a piece was complete.
@@ -335,15 +368,20 @@ def read_extents(
     extents = Extents(extents.addresses, extents.lengths, extents.offsets, [extents, scratch])
     calls = _calls(extents, scratch)
     total = sum(c.nbytes for c in calls)
+
+    def read(call: _Call) -> None:
+        if mapping is None or not _copy_mapped(mapping, call):
+            _preadv_all(fd, call, what)
+
     if total >= PARALLEL_MIN_BYTES and len(calls) > 1 and THREADS > 1:
         if progress is not None:
             progress(len(extents))
-        _parallel(lambda call: _preadv_all(fd, call, what), calls, extents)
+        _parallel(read, calls, extents)
         return
     for call in calls:
         if progress is not None:
             progress(call.through)
-        _preadv_all(fd, call, what)
+        read(call)
 
 
 def _parallel(work: Callable[[Any], None], items: list[Any], extents: Extents) -> None:

@@ -20,6 +20,7 @@ from ..errors import (
     names_the_file,
 )
 from ..fileio.gcpause import gc_paused
+from ..fileio.mapped import FileMapping
 from ..fileio.source import FileStamp, PathOrFile, open_source
 from ..fileio.staging import same_bytes
 from ..fileio.transfer import Extents, address_of, read_extents
@@ -271,6 +272,7 @@ def read_float32_extents(
     addresses: Sequence[int] | np.ndarray,
     owners: list[Any],
     progress: Any = None,
+    mapping: FileMapping | None = None,
 ) -> None:
     """The second pass of a two-pass load, in bulk: the payloads of ``records`` straight
     into memory, by address, with a few vectored reads (:func:`~.transfer.read_extents`).
@@ -281,7 +283,7 @@ def read_float32_extents(
         records: the tensors to read, in increasing order.
         addresses: where each one's payload goes (its :attr:`StateLayout.sizes` bytes).
         owners: the objects owning that memory (held until the reads are done).
-        progress: passed on to :func:`~.transfer.read_extents`.
+        progress, mapping: passed on to :func:`~.transfer.read_extents`.
 
     Raises:
         FileChangedError: the file changed since the first pass began (found before the
@@ -294,16 +296,23 @@ def read_float32_extents(
     sizes = layout.size_array[index]
     extents = Extents.build(addresses, sizes, offsets, owners)
     with open_source(file, since=layout.stamp) as src:
-        read_extents(src.file, extents, (*TENSORS, "payload"), progress)
+        read_extents(src.file, extents, (*TENSORS, "payload"), progress, mapping)
 
 
 #: Bytes of each payload read at once by :func:`float32_payloads_equal`.
 _COMPARE_READ_BYTES = 4 << 20
 
 
-def float32_payloads_equal(file: BinaryIO, layout: StateLayout, first: int, second: int) -> bool:
+def float32_payloads_equal(
+    file: BinaryIO,
+    layout: StateLayout,
+    first: int,
+    second: int,
+    mapping: FileMapping | None = None,
+) -> bool:
     """Whether the payloads of records ``first`` < ``second`` of a checked file hold the same
-    bytes, read a chunk of each at a time (two buffers of 4 MiB at most, whatever the size).
+    bytes, compared in ``mapping`` (a leased file's, :mod:`~..fileio.mapped`) where its pages
+    are in memory, else read a chunk of each at a time (two buffers of 4 MiB at most).
 
     Raises:
         FileChangedError: the file changed since the first pass began.
@@ -313,9 +322,14 @@ def float32_payloads_equal(file: BinaryIO, layout: StateLayout, first: int, seco
     size = int(layout.sizes[first])
     if size != int(layout.sizes[second]):
         return False
+    where = (layout.offsets[first], layout.offsets[second])
+    if mapping is not None:
+        with open_source(file, since=layout.stamp):
+            same = mapping.same(where[0], where[1], size)
+        if same is not None:
+            return same
     a = np.empty(min(size, _COMPARE_READ_BYTES), dtype=np.uint8)
     b = np.empty_like(a)
-    where = (layout.offsets[first], layout.offsets[second])
     with open_source(file, since=layout.stamp) as src:
         for at in range(0, size, len(a)):
             n = min(len(a), size - at)

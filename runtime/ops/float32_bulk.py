@@ -22,6 +22,7 @@ from torch.autograd.graph import increment_version
 
 from ...codec.errors import CheckpointError, FileChangedError, PartialLoadError
 from ...codec.fileio.leases import ReadLease
+from ...codec.fileio.mapped import FileMapping, mapped
 from ...codec.fileio.source import PathOrFile
 from ...codec.fileio.staging import fresh_bytes, same_bytes
 from ...codec.fileio.transfer import Extents, address_of, copy_extents
@@ -167,12 +168,18 @@ class Precheck:
         self.arrival.arrive(record, buffer)
 
 
-def _precheck(f: BinaryIO, layout: StateLayout, walk: StateWalk, copies: dict[int, int]) -> None:
+def _precheck(
+    f: BinaryIO,
+    layout: StateLayout,
+    walk: StateWalk,
+    copies: dict[int, int],
+    mapping: FileMapping | None,
+) -> None:
     """What an in-place load checks before its copying pass beyond the structure: tied
     copies first (as a staged load does), compared with their originals in the file chunk by
     chunk; then the values of integer tensors, which must convert exactly."""
     for copy, original in sorted(copies.items()):
-        if not float32_payloads_equal(f, layout, original, copy):
+        if not float32_payloads_equal(f, layout, original, copy, mapping):
             raise tie_conflict(walk.named, copy, original)
     if walk.dtypes - {torch.float32}:
         read_float32_payloads(f, layout, Precheck(walk.named, HostBuffer()))
@@ -212,6 +219,7 @@ class _InPlacePlan(Plan):
         copies: dict[int, int],
         resources: contextlib.ExitStack,
         lease: ReadLease | None = None,
+        mapping: FileMapping | None = None,
     ):
         self.file = file
         self.layout = layout
@@ -219,6 +227,7 @@ class _InPlacePlan(Plan):
         self.copies = copies
         self.resources = resources
         self.lease = lease
+        self.mapping = mapping
 
     def close(self) -> None:
         self.resources.close()
@@ -257,7 +266,15 @@ class _InPlacePlan(Plan):
                 if installer.records:
                     read_float32_payloads(self.file, self.layout, installer)
                 if len(plain):
-                    read_float32_extents(self.file, self.layout, plain, addresses, live, progress)
+                    read_float32_extents(
+                        self.file,
+                        self.layout,
+                        plain,
+                        addresses,
+                        live,
+                        progress,
+                        mapping=self.mapping,
+                    )
                     _bump_versions(live)
                 if self.lease is not None and not self.lease.intact():
                     touched = len(plain)
@@ -297,6 +314,12 @@ def plan_in_place(
 ) -> Plan:
     """A local in-place load of a checked file: the checking pass now (tied copies,
     integer values), the copying pass in the plan's commit, which holds ``resources`` (the
-    open file, and ``lease`` on it if any) until it is closed."""
-    _precheck(f, layout, walk, copies)
-    return _InPlacePlan(f, layout, walk, copies, resources, lease)
+    open file, and ``lease`` on it if any) until it is closed. Under a lease, both passes
+    copy and compare large payloads from a mapping of the file (:mod:`~.fileio.mapped`)."""
+    try:
+        mapping = resources.enter_context(mapped(f, lease))
+        _precheck(f, layout, walk, copies, mapping)
+    except BaseException:
+        resources.close()  # the file, its lease and mapping: no plan holds them
+        raise
+    return _InPlacePlan(f, layout, walk, copies, resources, lease, mapping)

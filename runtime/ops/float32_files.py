@@ -140,12 +140,14 @@ def plan_load(
     """Check a ``TLSF32B`` file against the state and stage its values (see
     :func:`~tlckpt.runtime.load_module_state`); nothing live changes.
 
-    With ``lease`` (and ``staged``), a local load of a path first takes a read lease on the
-    file (:mod:`~tlckpt.codec.fileio.leases`): where one is granted nobody can change the
-    file until the plan is closed, so the plan is an in-place one, whose commit reads the
-    payloads straight into the live tensors and fails only if the disk does (or a writer
-    outwaited the kernel's lease-break time); where none is granted, it stages. Callers that
-    commit the plan at once (not alongside others) may ask for it.
+    With ``lease``, a local load of a path first takes a read lease on the file
+    (:mod:`~tlckpt.codec.fileio.leases`): where one is granted nobody can change the file
+    until the plan is closed, so the plan is an in-place one, whose commit reads the
+    payloads straight into the live tensors (large ones whose pages are in memory copied from
+    a mapping of the file: :mod:`~tlckpt.codec.fileio.mapped`) and fails only if the disk
+    does (or a writer outwaited the kernel's lease-break time); where none is granted, a
+    ``staged`` load stages, an in-place one reads without a lease. Callers that commit the
+    plan at once (not alongside others) may ask for it.
 
     Returns:
         The plan; its commit writes the live tensors (in place: the copying pass, from the
@@ -174,7 +176,7 @@ def plan_load(
                 return None
             nonlocal held
             f = stack.enter_context(_opened(path))
-            if lease and staged and not parallel and isinstance(path, (str, os.PathLike)):
+            if lease and not parallel and isinstance(path, (str, os.PathLike)):
                 held = stack.enter_context(leased(f))  # before the checks: they then hold
             return f, validate_float32_state(f, walk.shapes)
 

@@ -91,7 +91,7 @@ def _hook_payload_pass(
     real = float32_bulk.read_float32_extents
     monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
-    def hooked(f: Any, layout: Any, records: Any, *args: Any) -> None:
+    def hooked(f: Any, layout: Any, records: Any, *args: Any, **kwargs: Any) -> None:
         *rest, progress = args if len(args) == 3 else (*args, None)
         fired = False
 
@@ -104,7 +104,7 @@ def _hook_payload_pass(
                 fired = True
                 action()
 
-        real(f, layout, records, *rest, on_progress)
+        real(f, layout, records, *rest, on_progress, **kwargs)
         if after is None:
             action()
 

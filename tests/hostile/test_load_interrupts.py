@@ -77,7 +77,7 @@ def _signal_inside_the_commit(
         real = float32_bulk.read_float32_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)  # a read per payload (and header)
 
-        def hooked(*args: Any) -> None:
+        def hooked(*args: Any, **kwargs: Any) -> None:
             *rest, progress = args
 
             def on_progress(through: int) -> None:
@@ -85,7 +85,7 @@ def _signal_inside_the_commit(
                 if through == 4:  # three payloads read, the fourth about to be
                     trigger()
 
-            real(*rest, on_progress)
+            real(*rest, on_progress, **kwargs)
 
         monkeypatch.setattr(float32_bulk, "read_float32_extents", hooked)
         return
@@ -133,12 +133,12 @@ def test_interrupt_before_the_commit_changes_nothing(
         real_read = float32_bulk.read_float32_extents
         monkeypatch.setattr(transfer, "IOV_MAX", 2)
 
-        def read_then_signal(*args: Any) -> None:
+        def read_then_signal(*args: Any, **kwargs: Any) -> None:
             def on_progress(through: int) -> None:
                 if through == 4:
                     signal.raise_signal(signal.SIGINT)
 
-            real_read(*args[:5], on_progress)
+            real_read(*args[:5], on_progress, **kwargs)
 
         monkeypatch.setattr(float32_bulk, "read_float32_extents", read_then_signal)
     else:  # in the checking pass (in place), at its 3rd payload

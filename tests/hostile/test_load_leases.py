@@ -133,8 +133,15 @@ def _break_the_lease_mid_copy(
     real = float32_bulk.read_float32_extents
     seen: dict[str, Any] = {}
 
-    def hooked(f: Any, layout: Any, records: Any, *args: Any) -> None:
-        *rest, progress = args if len(args) == 3 else (*args, None)
+    def hooked(
+        f: Any,
+        layout: Any,
+        records: Any,
+        addresses: Any,
+        owners: Any,
+        progress: Any = None,
+        mapping: Any = None,
+    ) -> None:
 
         def on_progress(through: int) -> None:
             if progress is not None:
@@ -153,7 +160,7 @@ def _break_the_lease_mid_copy(
                 time.sleep(0.005)
             seen["broken"] = time.monotonic()
 
-        real(f, layout, records, *rest, on_progress)
+        real(f, layout, records, addresses, owners, on_progress, mapping=mapping)
 
     monkeypatch.setattr(float32_bulk, "read_float32_extents", hooked)
     monkeypatch.setattr(transfer, "IOV_MAX", 2)  # a read per payload
@@ -292,13 +299,16 @@ def test_a_short_lease_break_time_stages(
     assert paths.taken == ["staged"]
 
 
-def test_file_objects_and_in_place_loads_take_no_lease(
+def test_file_objects_take_no_lease_and_in_place_loads_one_where_granted(
     files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A caller's file object is the caller's to configure; ``staged=False`` reads in place
-    without the guarantee, as documented."""
+    """A caller's file object is the caller's to configure; ``staged=False`` reads in place,
+    under a lease where one is granted, without one (and the guarantee) where not."""
     paths = _Paths(monkeypatch)
     with open(files["path"], "rb") as f:
         tlckpt.load_module_state(files["live"], f)
     tlckpt.load_module_state(files["live"], files["path"], staged=False)
-    assert paths.taken == ["staged", "in place"]
+    monkeypatch.setattr(leases, "_break_seconds", lambda: 1.0)  # no lease granted
+    tlckpt.load_module_state(files["live"], files["path"], staged=False)
+    assert paths.taken == ["staged", "leased", "in place"]
+    assert _holds(files["live"], files["A"])
