@@ -35,15 +35,24 @@ def _times(report: dict, ref: Ref, way: str) -> list[float] | None:
 
 
 def _probe(report: dict, ref: Ref, way: str) -> dict | None:
-    for p in report.get("probes", []):
-        if (p.get("group"), p.get("kind"), p.get("op"), p.get("way")) == (
-            ref.group,
-            ref.kind,
-            ref.op,
-            way,
-        ) and "error" not in p:
-            return p
-    return None
+    """The way's fresh-process probe: with several rounds, one carrying the medians of their
+    seconds and peak growths, and ``spread`` (their min and max seconds)."""
+    found = [
+        p
+        for p in report.get("probes", [])
+        if (p.get("group"), p.get("kind"), p.get("op"), p.get("way"))
+        == (ref.group, ref.kind, ref.op, way)
+        and "error" not in p
+    ]
+    if len(found) < 2:
+        return found[0] if found else None
+    seconds = [p["seconds"] for p in found]
+    return {
+        **found[0],
+        "seconds": statistics.median(seconds),
+        "peak_growth": statistics.median(p["peak_growth"] for p in found),
+        "spread": (min(seconds), max(seconds)),
+    }
 
 
 def figure(report: dict, ref: Ref, way: str, cache: str) -> float | None:
@@ -252,6 +261,9 @@ def _group_tables(report: dict) -> list[str]:
                     ref = Ref(name, op, (way,), kind)
                     probe = _probe(report, ref, way)
                     cold = _secs(probe["seconds"]) if probe and probe["cache"] == "cold" else ""
+                    if cold and "spread" in probe:  # type: ignore[operator]
+                        low, high = probe["spread"]  # type: ignore[index]
+                        cold += f" [{_secs(low)}-{_secs(high)}]"
                     grow = f"{probe['peak_growth'] / MIB:+.1f}" if probe else ""
                     if not probe and way in data.get("growth", {}).get(op, {}):
                         grow = f"{data['growth'][op][way] / MIB:+.1f}"
@@ -291,7 +303,9 @@ def render_markdown(report: dict, png_name: str) -> str:
         " turns with the others (one untimed round first), each call preceded by its untimed"
         " preparation (saves: the file is removed), `os.sync()` and `gc.collect()`: *warm*"
         " figures are medians [min-max] of those. *Cold* figures are one call in a fresh"
-        " process after the page cache was dropped"
+        " process after the page cache was dropped, repeated in"
+        f" {report['meta'].get('cold_rounds', 1)} round(s) (every way once per round; the"
+        " median [min-max] of the rounds)"
         f" ({' and '.join(methods) or 'no probe ran'}: `drop_caches` is the whole cache,"
         " `fadvise` only the files). Peak RSS growth: VmHWM (reset through"
         " `/proc/self/clear_refs`) minus VmRSS before the call, in those fresh processes."

@@ -99,6 +99,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--sharded-mib", type=int, help="MiB of parameters of the sharded group (64; quick: 8)"
     )
     parser.add_argument("--no-probes", action="store_true", help="skip fresh-process probes")
+    parser.add_argument(
+        "--cold-rounds",
+        type=int,
+        help="rounds of a group's fresh-process probes, ways in turns (3; quick: 1): cold"
+        " figures are their medians",
+    )
     parser.add_argument("--tmp", default="/tmp", help="parent of the scratch folder")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     return parser.parse_args(argv)
@@ -202,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     loads: list[tuple[float, float, float]] = [os.getloadavg()]
     scratch = tempfile.mkdtemp(prefix="tlckpt-bench-", dir=args.tmp)
+    rounds = args.cold_rounds or (1 if args.quick else 3)
     results: dict[str, dict] = {}
     probes: list[dict] = []
     try:
@@ -217,10 +224,18 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in results[group]:
                 print(f"  {group}: {results[group]['error']}", file=sys.stderr, flush=True)
             elif not args.no_probes:
-                for kind, op, way, cache in PROBES[group]:
-                    probe = {**spec, "kind": kind, "op": op, "way": way, "cache": cache}
-                    print(f"  probe {kind} {op} {way} ({cache})", file=sys.stderr, flush=True)
-                    probes.append(_run("bench.probe", probe, TIMEOUT_S[mode]))
+                # One call in a fresh process is at the mercy of the disk's moment (single
+                # cold loads of one file measured 0.5 to 15 s on the project's machine): the
+                # probes run in rounds, every way once per round, and report their median.
+                for r in range(rounds):
+                    for kind, op, way, cache in PROBES[group]:
+                        probe = {**spec, "kind": kind, "op": op, "way": way, "cache": cache}
+                        print(
+                            f"  probe {kind} {op} {way} ({cache}, round {r + 1}/{rounds})",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        probes.append(_run("bench.probe", probe, TIMEOUT_S[mode]))
             loads.append(os.getloadavg())
             shutil.rmtree(folder, ignore_errors=True)
         machine = _machine()
@@ -240,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg": loads,
             "sizes": sizes,
             "reps": {g: args.reps or REPS[mode][g] for g in groups},
+            "cold_rounds": rounds,
             "machine": machine,
         },
         "groups": results,

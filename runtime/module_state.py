@@ -244,8 +244,11 @@ def load_module_state(
             with sharded_named_state.plan_load(placement, module_or_tensors, path) as plan:
                 plan.commit()
             return [], []
-        plan, missing, unexpected = plan_named_load(module_or_tensors, path, strict=strict)
-        plan.commit()
+        plan, missing, unexpected = plan_named_load(
+            module_or_tensors, path, strict=strict, lease=True
+        )
+        with plan:  # a leased plan holds the file until its commit is done
+            plan.commit()
         return missing, unexpected
     if not strict:
         raise CheckpointError(

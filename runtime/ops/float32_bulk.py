@@ -40,6 +40,7 @@ from .state_walk import StateWalk
 
 __all__ = [
     "CONVERTED_MAX_BYTES",
+    "bump_versions",
     "Precheck",
     "plan_in_place",
     "save_in_bulk",
@@ -52,7 +53,7 @@ __all__ = [
 CONVERTED_MAX_BYTES = 16 << 20
 
 
-def _bump_versions(tensors: list[torch.Tensor]) -> None:
+def bump_versions(tensors: list[torch.Tensor]) -> None:
     """Tensors written behind autograd's back: bump their versions, as ``copy_`` would, so
     that a graph that saved one of them notices."""
     try:
@@ -143,7 +144,7 @@ class _StagedPlan(Plan):
     def commit(self) -> None:
         with committing():
             copy_extents(self.destinations, self.sources)
-            _bump_versions(self.live)
+            bump_versions(self.live)
             for live, values in self.others:
                 overwrite(live, values)
 
@@ -275,7 +276,7 @@ class _InPlacePlan(Plan):
                         progress,
                         mapping=self.mapping,
                     )
-                    _bump_versions(live)
+                    bump_versions(live)
                 if self.lease is not None and not self.lease.intact():
                     touched = len(plain)
                     raise FileChangedError(

@@ -17,6 +17,7 @@ held back. A file tensor feeding names the live model ties must not disagree wit
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ from ...codec.errors import ConfigError, SchemaMismatchError
 from ...codec.fileio.source import PathOrFile, open_source
 from ...codec.safetensors import Header, write_safetensors
 from ...codec.safetensors.reader import read_header
-from ..commit.plans import StatePlan
+from ..commit.plans import Plan, StatePlan
+from . import named_in_place
 from .entry_staging import stage_entries
 from .state_tensors import ModuleOrTensors, NamedTensors, state_tensors, tied_copies
 from .tensor_files import tensor_data, torch_dtype, torch_shape
@@ -112,9 +114,13 @@ def require_same(
 
 
 def plan_named_load(
-    module_or_tensors: ModuleOrTensors, path: PathOrFile, *, strict: bool
-) -> tuple[StatePlan, list[str], list[str]]:
+    module_or_tensors: ModuleOrTensors, path: PathOrFile, *, strict: bool, lease: bool = False
+) -> tuple[Plan, list[str], list[str]]:
     """Read and check a safetensors file for the model; nothing live changes.
+
+    With ``lease``, a path this process gets a read lease on is loaded in place
+    (:mod:`.named_in_place`): the plan holds the file, its commit reads the payloads into the
+    live tensors. Otherwise every value is staged.
 
     Returns:
         The plan (its commit copies every value in), the missing model names and the
@@ -127,43 +133,80 @@ def plan_named_load(
         CheckpointError: the file is not a valid safetensors file.
     """
     named = state_tensors(module_or_tensors)
-    with open_source(path) as src:
-        header = read_header(src)
-        sources, unexpected = _sources(named, header)
-        missing = [name for name, _ in named if name not in sources]
-        if strict and (missing or unexpected):
-            raise SchemaMismatchError(
-                f"the names differ: missing in the file {missing[:8]}, unexpected in the"
-                f" file {unexpected[:8]} (strict=False loads the names both have)",
-                field="names",
-                actual=unexpected[:8],
-                expected=missing[:8],
-            )
-        for name, live in named:
-            if name in sources:
-                check_fits(name, live, header, sources[name])
-        staged = stage_entries(src, header, sources.values())
-    copies = tied_copies(named)
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for i, (name, live) in enumerate(named):
-        if name not in sources:
-            continue
-        value = staged[sources[name]]
-        j = copies.get(i)
-        if j is not None and named[j][0] in sources:  # one memory: the original is written
-            other = staged[sources[named[j][0]]]
-            if not torch.equal(_bytes(value), _bytes(other)):
+    with contextlib.ExitStack() as stack:
+        opened = stack.enter_context(named_in_place.open_leased(path)) if lease else None
+        with open_source(path if opened is None else opened[0]) as src:
+            header = read_header(src)
+            sources, unexpected = _sources(named, header)
+            missing = [name for name, _ in named if name not in sources]
+            if strict and (missing or unexpected):
                 raise SchemaMismatchError(
-                    f"{name!r} and {named[j][0]!r} are one tensor in the model and differ in"
-                    " the file",
-                    field=name,
+                    f"the names differ: missing in the file {missing[:8]}, unexpected in the"
+                    f" file {unexpected[:8]} (strict=False loads the names both have)",
+                    field="names",
+                    actual=unexpected[:8],
+                    expected=missing[:8],
                 )
-            continue
-        pairs.append((live, _to_device(value, live)))
+            for name, live in named:
+                if name in sources:
+                    check_fits(name, live, header, sources[name])
+            stamp = src.stamp
+            staged = None if opened else stage_entries(src, header, sources.values())
+        written = _untied(named, sources, header, staged, opened, stamp)
+        if opened is not None:
+            plan = named_in_place.plan_in_place(named, written, header, opened, stamp, stack)
+            if plan is not None:
+                return plan, missing, unexpected
+            with named_in_place.reopened(opened[0], stamp) as src:  # memory overlaps: stage
+                staged = stage_entries(src, header, written.values())
+    assert staged is not None
     # Copied into the live tensors, never by giving them the staged storages: code that holds
     # a parameter's memory (DDP's reducer, CUDA graphs, pinned views) must see the new
     # values where the old ones were — a load that swapped storages broke a DDP resume.
+    pairs = [
+        (live, _to_device(staged[written[name]], live)) for name, live in named if name in written
+    ]
     return StatePlan(pairs), missing, unexpected
+
+
+def _untied(
+    named: NamedTensors,
+    sources: dict[str, str],
+    header: Header,
+    staged: dict[str, torch.Tensor] | None,
+    opened: tuple[Any, Any] | None,
+    stamp: Any,
+) -> dict[str, str]:
+    """``sources`` without the model's tied copies (their originals are written), once each
+    copy's file tensor is found equal to its original's: staged, or in the leased file."""
+    copies = tied_copies(named)
+    written = dict(sources)
+    for i, j in copies.items():
+        name, other = named[i][0], named[j][0]
+        if name not in sources:
+            continue
+        if other in sources:  # one memory: the original is written
+            a, b = sources[name], sources[other]
+            if a != b and not _equal(a, b, header, staged, opened, stamp):
+                raise SchemaMismatchError(
+                    f"{name!r} and {other!r} are one tensor in the model and differ in the file",
+                    field=name,
+                )
+            del written[name]
+    return written
+
+
+def _equal(
+    a: str,
+    b: str,
+    header: Header,
+    staged: dict[str, torch.Tensor] | None,
+    opened: tuple[Any, Any] | None,
+    stamp: Any,
+) -> bool:
+    if staged is not None:
+        return torch.equal(_bytes(staged[a]), _bytes(staged[b]))
+    return named_in_place.same_in_file(header, header.entries[a], header.entries[b], opened, stamp)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ import torch
 
 import tlckpt
 from tlckpt import CheckpointError, ConfigError, SchemaMismatchError
-from tlckpt.runtime.ops import entry_staging
+from tlckpt.codec.fileio import leases
+from tlckpt.runtime.ops import entry_staging, named_module_state
 
 st = pytest.importorskip("safetensors.torch")
 
@@ -107,13 +108,21 @@ def test_a_dtype_or_shape_difference_changes_nothing(tmp_path) -> None:
     assert _state(bf16) == before
 
 
-def test_an_interrupt_while_planning_changes_nothing(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("lease", [True, False])
+def test_an_interrupt_while_planning_changes_nothing(tmp_path, monkeypatch, lease) -> None:
+    """Staged (no lease granted): while the staging is read; leased: while the tensors are
+    checked against the header."""
     path = tmp_path / "m.safetensors"
     tlckpt.save_module_state(Tied(), path)
     model = Tied()
     before = _state(model)
     calls = []
-    real = entry_staging.torch_shape  # called for each tensor as its run is read
+    if lease:
+        module, attribute = named_module_state, "check_fits"
+    else:
+        monkeypatch.setattr(leases, "_break_seconds", lambda: 1.0)  # no lease granted
+        module, attribute = entry_staging, "torch_shape"  # called per tensor of a run
+    real = getattr(module, attribute)
 
     def interrupted(*args):
         calls.append(1)
@@ -121,7 +130,7 @@ def test_an_interrupt_while_planning_changes_nothing(tmp_path, monkeypatch) -> N
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(entry_staging, "torch_shape", interrupted)
+    monkeypatch.setattr(module, attribute, interrupted)
     with pytest.raises(KeyboardInterrupt):
         tlckpt.load_module_state(model, path)
     assert _state(model) == before
