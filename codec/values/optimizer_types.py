@@ -28,6 +28,8 @@ from .schema import ParameterSchema
 
 __all__ = [
     "MOMENT_DTYPE_NAMES",
+    "TORCHLEAN_FAMILY",
+    "OWN_FAMILY",
     "ParamGroupConfig",
     "OptimizerEntry",
     "OptimizerCheckpoint",
@@ -35,6 +37,10 @@ __all__ = [
     "moment_tag",
     "validate_group",
 ]
+
+#: The optimizer families' names, as ``sniff_family`` gives them: TorchLean's ``TLADAMF``
+#: and tlckpt's own ``TLCKOPT``.
+TORCHLEAN_FAMILY, OWN_FAMILY = "adam", "tlckpt_optimizer"
 
 #: The moment dtypes the family holds, by name, in tag order.
 MOMENT_DTYPE_NAMES: tuple[str, ...] = tuple(MOMENT_DTYPES.values())

@@ -54,7 +54,13 @@ from ...codec.optimizers.adam_writer import adam_layout, write_adam
 from ...codec.optimizers.tlckpt_optimizer import read_optimizer_state
 from ...codec.optimizers.tlckpt_optimizer_writer import write_optimizer_state
 from ...codec.values.config import AdamConfig
-from ...codec.values.optimizer_types import OptimizerCheckpoint, OptimizerEntry, ParamGroupConfig
+from ...codec.values.optimizer_types import (
+    OWN_FAMILY,
+    TORCHLEAN_FAMILY,
+    OptimizerCheckpoint,
+    OptimizerEntry,
+    ParamGroupConfig,
+)
 from ...formats.primitives import bits_float, float_bits
 from ...formats.tlckpt_optimizer import GROUP_FLOATS
 from ..binding import adam_moments
@@ -66,12 +72,9 @@ from ..binding.tensors import HostBuffer, to_host
 from ..commit.plans import OptimizerPlan
 from ..placement.placement_protocol import Placement, Receiver, Route, Take
 from ..placement.positional import read_pieces, save_pieces
-from . import optimizer_trees
+from . import optimizer_bulk, optimizer_trees
 
-__all__ = ["save", "plan_load", "TORCHLEAN_FAMILY", "OWN_FAMILY"]
-
-#: The families' names in the codec's family registry.
-TORCHLEAN_FAMILY, OWN_FAMILY = "adam", "tlckpt_optimizer"
+__all__ = ["save", "plan_load"]
 
 
 def _layout(kind: str, binding: AdamBinding, extra: Any = None) -> bytes:
@@ -328,6 +331,11 @@ def _read(
             )
         else:
             raise families_differ(family, [TORCHLEAN_FAMILY, OWN_FAMILY])
+    return _summary(binding, checkpoint)
+
+
+def _summary(binding: AdamBinding, checkpoint: Any) -> dict[str, Any]:
+    """A read file's steps, random counter and hyperparameters (:func:`_member_floats`)."""
     steps = [[slot, entry.step] for slot, entry in checkpoint.entries.items()]
     return {
         "steps": steps,
@@ -453,20 +461,29 @@ def plan_load(
             return None
         return f"a {family} file" if family else "an unreadable file"
 
-    if placement.route(path, "load", binding.slots.tensors, why_not) is Route.PARALLEL:
+    route = placement.route(path, "load", binding.slots.tensors, why_not)
+    if route is Route.PARALLEL:
         return _load_in_parallel(
             placement, optimizer, binding, path, restore_random_counter, adopt_config
         )
-    receiver = placement.receiver(items, in_order=False, on_device=True)
+    bulk = None
+    if route is Route.LOCAL_BULK:
+        bulk = optimizer_bulk.read_adam_in_bulk(binding, path, adopt_config)
+    if bulk is not None:  # this process's host tensors, a TLADAMF path: read in bulk
+        checkpoint, parts = bulk
+        _unasked_counter(checkpoint.random_counter, restore_random_counter)
+        summary = _summary(binding, checkpoint)
+    else:
+        receiver = placement.receiver(items, in_order=False, on_device=True)
 
-    def read() -> dict[str, Any]:
-        summary = _read(binding, path, receiver, adopt_config)
-        _unasked_counter(summary["counter"], restore_random_counter)
-        return summary
+        def read() -> dict[str, Any]:
+            summary = _read(binding, path, receiver, adopt_config)
+            _unasked_counter(summary["counter"], restore_random_counter)
+            return summary
 
-    summary = placement.share(placement.transfer(receiver, read))
+        summary = placement.share(placement.transfer(receiver, read))
+        parts = receiver.received()
     steps = {int(slot): int(step) for slot, step in summary["steps"]}
-    parts = receiver.received()
     state = placement.agree(lambda: adam_moments.new_state(binding, steps, parts))
     member = _member_groups(binding, summary["groups"])
     return OptimizerPlan(optimizer, state, summary["counter"], member)
