@@ -31,13 +31,13 @@ import ctypes
 import mmap
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 import numpy as np
 
 from .leases import ReadLease
-from .transfer import PARALLEL_MIN_BYTES, THREADS
+from .threads import THREADS, run_parallel
+from .transfer import PARALLEL_MIN_BYTES
 
 __all__ = ["FileMapping", "mapped"]
 
@@ -125,8 +125,7 @@ class FileMapping:
                 if verdicts[-1] is not True:
                     break
         else:  # every job finishes before the call returns: none outlives the mapping
-            with ThreadPoolExecutor(THREADS, thread_name_prefix="tlckpt-io") as pool:
-                verdicts = list(pool.map(compare, chunks))
+            verdicts = run_parallel(compare, chunks, self)
         if None in verdicts:
             return None
         return all(verdicts)

@@ -32,7 +32,6 @@ import io
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol
 
@@ -40,6 +39,7 @@ import numpy as np
 
 from ..errors import TruncatedError
 from ..paths import field_name
+from .threads import THREADS, run_parallel
 
 __all__ = [
     "CHUNK_BYTES",
@@ -48,7 +48,6 @@ __all__ = [
     "MAPPED_MIN_PIECE",
     "MappedFile",
     "PARALLEL_MIN_BYTES",
-    "THREADS",
     "Extents",
     "GatherBatch",
     "address_of",
@@ -68,8 +67,6 @@ CHUNK_BYTES = 8 << 20
 GAP_BYTES = 64 << 10
 #: Transfers smaller than this run on the calling thread alone (threads cost ~0.1 ms).
 PARALLEL_MIN_BYTES = 32 << 20
-#: Threads of a parallel transfer: a few are enough to keep memory bandwidth busy.
-THREADS = max(1, min(4, os.cpu_count() or 1))
 #: A read copies from a mapping (:mod:`.mapped`) only where its pieces average this much:
 #: below, a ``memmove`` call per piece costs more than the kernel's slower copy.
 MAPPED_MIN_PIECE = 256 << 10
@@ -376,29 +373,12 @@ def read_extents(
     if total >= PARALLEL_MIN_BYTES and len(calls) > 1 and THREADS > 1:
         if progress is not None:
             progress(len(extents))
-        _parallel(read, calls, extents)
+        run_parallel(read, calls, extents)
         return
     for call in calls:
         if progress is not None:
             progress(call.through)
         read(call)
-
-
-def _parallel(work: Callable[[Any], None], items: list[Any], extents: Extents) -> None:
-    """Run ``work`` over ``items`` on :data:`THREADS` threads; the first error is raised
-    once every started item has finished (none outlives the call's memory: each job
-    holds ``extents``)."""
-
-    def job(item: Any, _keep: Extents = extents) -> None:
-        work(item)
-
-    pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tlckpt-io")
-    try:
-        futures = [pool.submit(job, item) for item in items]
-        for future in futures:
-            future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------------------ copying
@@ -428,7 +408,7 @@ def copy_extents(destinations: Extents, sources: Extents) -> None:
         for at in range(0, n, CHUNK_BYTES):
             chunks.append((d + at, s + at, min(CHUNK_BYTES, n - at)))
     both = Extents(destinations.addresses, destinations.lengths, None, [destinations, sources])
-    _parallel(lambda c: move(*c), chunks, both)
+    run_parallel(lambda c: move(*c), chunks, both)
 
 
 # ------------------------------------------------------------------------------ writing
