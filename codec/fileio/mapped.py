@@ -37,7 +37,7 @@ import numpy as np
 
 from .leases import ReadLease
 from .threads import THREADS, run_parallel
-from .transfer import PARALLEL_MIN_BYTES
+from .transfer import MAPPED_WINDOW, PARALLEL_MIN_BYTES
 
 __all__ = ["FileMapping", "mapped"]
 
@@ -60,8 +60,9 @@ _memcmp = _libc_function("memcmp", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_
 #: ``madvise(MADV_POPULATE_READ)`` (Linux 5.14): map a range's pages in, reading any that
 #: are not in memory, and fail (``EFAULT``/``EIO``) where one cannot be read.
 _POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-#: Bytes compared per check of the lease and the pages (:meth:`FileMapping.same`).
-_COMPARE_BYTES = 8 << 20
+#: Bytes compared per window (mapped in, compared, dropped from the page tables): the
+#: copies' window (:data:`~.transfer.MAPPED_WINDOW`).
+_COMPARE_BYTES = MAPPED_WINDOW
 
 
 class FileMapping:
@@ -80,21 +81,25 @@ class FileMapping:
         self.lease = lease
 
     def usable(self, offset: int, nbytes: int) -> bool:
-        """Whether ``nbytes`` from ``offset`` may be copied from the mapping now: inside it,
-        the lease unbroken, the page in its middle in memory (else the range is taken for
-        cold: ``preadv`` reads it faster; its ends may share a page with a header the load
-        has just read), and every page of it mapped in by
-        ``MADV_POPULATE_READ`` — which reports a page it cannot read as an error, where a
-        copy touching that page would end the process."""
+        r"""Whether ``nbytes`` from ``offset`` are worth copying from the mapping: inside it,
+        the lease unbroken, and the page in the range's middle in memory (else the range is
+        taken for cold: ``preadv`` reads it faster; its ends may share a page with a header
+        the load has just read). Each window is then :meth:`populate`\ d before its copy."""
         if offset < 0 or offset + nbytes > self.size or not self.lease.unbroken():
             return False
-        first = offset - offset % _PAGE
         middle = (offset + nbytes // 2) // _PAGE * _PAGE
         resident = ctypes.c_ubyte(0)  # one per call: threads ask at once
         if _mincore(self.address + middle, 1, ctypes.byref(resident)) != 0:  # type: ignore[operator]
             return False
-        if not resident.value & 1:
+        return bool(resident.value & 1)
+
+    def populate(self, offset: int, nbytes: int) -> bool:
+        """Map every page of the range in, right before it is copied: ``True`` when the lease
+        is still unbroken and ``MADV_POPULATE_READ`` succeeded — it reports a page it cannot
+        read as an error, where a copy touching that page would end the process."""
+        if not self.lease.unbroken():
             return False
+        first = offset - offset % _PAGE
         try:
             self._region.madvise(_POPULATE_READ, first, offset + nbytes - first)
         except (OSError, ValueError):
@@ -112,6 +117,8 @@ class FileMapping:
         def compare(chunk: tuple[int, int]) -> bool | None:
             at, n = chunk
             if not (self.usable(first + at, n) and self.usable(second + at, n)):
+                return None
+            if not (self.populate(first + at, n) and self.populate(second + at, n)):
                 return None
             equal = _memcmp(self.address + first + at, self.address + second + at, n) == 0  # type: ignore[operator]
             self.release(first + at, n)
@@ -134,8 +141,10 @@ class FileMapping:
         """Drop this process's page-table entries for the whole pages inside the range, once
         copied: the pages stay in the page cache, and do not count in the process's resident
         set (without this, a load would look to grow it by the file's size)."""
-        first = -(-offset // _PAGE) * _PAGE
-        last = (offset + nbytes) // _PAGE * _PAGE
+        # Whole pages, the edges included: a page another thread is still copying from is
+        # mapped in again by its next touch (it stays in the page cache: no error).
+        first = offset // _PAGE * _PAGE
+        last = min(-(-(offset + nbytes) // _PAGE) * _PAGE, -(-self.size // _PAGE) * _PAGE)
         if last > first:
             with contextlib.suppress(OSError, ValueError):  # only bookkeeping is lost
                 self._region.madvise(mmap.MADV_DONTNEED, first, last - first)

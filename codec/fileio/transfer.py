@@ -46,6 +46,7 @@ __all__ = [
     "GAP_BYTES",
     "IOV_MAX",
     "MAPPED_MIN_PIECE",
+    "MAPPED_WINDOW",
     "MappedFile",
     "PARALLEL_MIN_BYTES",
     "Extents",
@@ -314,21 +315,42 @@ class MappedFile(Protocol):
 
     def usable(self, offset: int, nbytes: int) -> bool: ...
 
+    def populate(self, offset: int, nbytes: int) -> bool: ...
+
     def release(self, offset: int, nbytes: int) -> None: ...
 
 
+#: Bytes of a mapped copy mapped in, copied and dropped from the page tables at once
+#: (:mod:`.mapped`): with a window per thread in flight, what a load adds to the process's
+#: resident set. Measured for 512 MiB / GPT-2 small warm on the project's machine: 8 MiB
+#: windows 18-21 MiB and 49 / 56 ms; 4 MiB 12.5 MiB and 49 / 63 ms; 2 MiB 9 MiB and
+#: 55 / 70 ms (safetensors: 40 / 49 ms). 4 MiB keeps a load within 16 MiB of its state.
+MAPPED_WINDOW = 4 << 20
+
+
 def _copy_mapped(mapping: MappedFile, call: _Call) -> bool:
-    """One call's pieces copied from a mapping of the file (``False``, nothing copied, where
-    its pieces are too small to gain or :meth:`~.mapped.FileMapping.usable` says no)."""
+    """One call's pieces copied from a mapping of the file, a window at a time; ``False``
+    where its pieces are too small to gain, :meth:`~.mapped.FileMapping.usable` says no, or a
+    window cannot be mapped in (the caller then reads the whole call: what was copied is
+    overwritten with the same bytes)."""
     if call.nbytes < MAPPED_MIN_PIECE * len(call.table):
         return False
     if not mapping.usable(call.offset, call.nbytes):
         return False
-    source = mapping.address + call.offset
-    for address, length in call.table.tolist():
-        ctypes.memmove(address, source, length)
-        source += length
-    mapping.release(call.offset, call.nbytes)
+    rows = call.table.tolist()
+    firsts = [0, *itertools.accumulate(length for _, length in rows)]  # row k: [firsts[k], +1)
+    source, k = mapping.address + call.offset, 0
+    for w0 in range(0, call.nbytes, MAPPED_WINDOW):
+        w1 = min(w0 + MAPPED_WINDOW, call.nbytes)
+        if not mapping.populate(call.offset + w0, w1 - w0):
+            return False
+        while k < len(rows) and firsts[k] < w1:
+            a, b = max(firsts[k], w0), min(firsts[k + 1], w1)
+            ctypes.memmove(rows[k][0] + a - firsts[k], source + a, b - a)
+            if firsts[k + 1] > w1:
+                break  # the row goes on in the next window
+            k += 1
+        mapping.release(call.offset + w0, w1 - w0)
     return True
 
 

@@ -233,3 +233,23 @@ def test_the_mapping_does_not_grow_the_resident_set(tmp_path: Path) -> None:
     probe.reset()
     tlckpt.load_module_state(live, path)
     assert probe.peak() - before < 24 << 20
+
+
+def test_pieces_crossing_windows_land_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows of an odd size cut through payloads and headers alike: every byte lands."""
+    torch.manual_seed(3)
+    saved = torch.nn.ParameterList(
+        torch.nn.Parameter(torch.randn(n)) for n in (30_011, 1, 65_536, 12_345, 99_999)
+    )
+    path = tmp_path / "m.tlsf32"
+    tlckpt.save_module_state(saved, path)
+    _granted(path)
+    monkeypatch.setattr(transfer, "MAPPED_WINDOW", 12_289)
+    monkeypatch.setattr(transfer, "MAPPED_MIN_PIECE", 1)
+    copies = _Copies(monkeypatch)
+    live = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros_like(p)) for p in saved)
+    tlckpt.load_module_state(live, path)
+    assert copies.results and all(copies.results)
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(live, saved))
