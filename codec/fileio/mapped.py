@@ -60,9 +60,9 @@ _memcmp = _libc_function("memcmp", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_
 #: ``madvise(MADV_POPULATE_READ)`` (Linux 5.14): map a range's pages in, reading any that
 #: are not in memory, and fail (``EFAULT``/``EIO``) where one cannot be read.
 _POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-#: Bytes compared per window (mapped in, compared, dropped from the page tables): the
-#: copies' window (:data:`~.transfer.MAPPED_WINDOW`).
-_COMPARE_BYTES = MAPPED_WINDOW
+#: Bytes of each range compared per window (mapped in, compared, dropped from the page
+#: tables): half the copies' window (:data:`~.transfer.MAPPED_WINDOW`), two ranges at once.
+_COMPARE_BYTES = MAPPED_WINDOW // 2
 
 
 class FileMapping:
