@@ -321,11 +321,10 @@ class MappedFile(Protocol):
 
 
 #: Bytes of a mapped copy mapped in, copied and dropped from the page tables at once
-#: (:mod:`.mapped`): with a window per thread in flight, what a load adds to the process's
-#: resident set. Measured for 512 MiB / GPT-2 small warm on the project's machine: 8 MiB
-#: windows 18-21 MiB and 49 / 56 ms; 4 MiB 12.5 MiB and 49 / 63 ms; 2 MiB 9 MiB and
-#: 55 / 70 ms (safetensors: 40 / 49 ms). GPT-2's load holds ~10 MiB besides (its walk and
-#: tie check), and with 4 MiB windows grew by 14-22 MiB: 2 MiB keeps a load within 16 MiB.
+#: (:mod:`.mapped`): a window per thread in flight is what a load adds to the resident set.
+#: 512 MiB / GPT-2 small warm: 8 MiB windows 18-21 MiB and 49 / 56 ms; 4 MiB 12.5 MiB and
+#: 49 / 63 ms; 2 MiB 9 MiB and 55 / 70 ms (safetensors: 40 / 49 ms). GPT-2's load holds
+#: ~10 MiB besides, and grew by 14-22 MiB with 4 MiB windows (docs/performance.md).
 MAPPED_WINDOW = 2 << 20
 
 
