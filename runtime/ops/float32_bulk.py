@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from ...codec.errors import CheckpointError, FileChangedError, PartialLoadError
 from ...codec.fileio.leases import ReadLease
 from ...codec.fileio.mapped import FileMapping, mapped
 from ...codec.fileio.source import PathOrFile
@@ -35,7 +34,14 @@ from ...codec.model_state.float32_state import (
 from ...codec.model_state.float32_state_writer import write_float32_extents
 from ..binding.tensors import HostBuffer, to_file_dtype
 from ..commit.plans import Plan, committing, overwrite
-from .state_tensors import Arrival, NamedTensors, tie_conflict, written
+from .state_tensors import (
+    Arrival,
+    NamedTensors,
+    lease_outwaited,
+    partial_load,
+    tie_conflict,
+    written,
+)
 from .state_walk import StateWalk
 
 __all__ = [
@@ -279,30 +285,13 @@ class _InPlacePlan(Plan):
                     bump_versions(live)
                 if self.lease is not None and not self.lease.intact():
                     touched = len(plain)
-                    raise FileChangedError(
-                        "a writer waited for the file longer than the kernel's lease-break"
-                        " time during the load, which may have let it change the file",
-                        field="lease",
-                    )
+                    raise lease_outwaited()
             except Exception as exc:
                 done = touched + installer.written
                 if not done:
                     raise  # refused before the first write: the model is unchanged
                 total = len(named) - len(self.copies)
-                reason = exc.reason if isinstance(exc, CheckpointError) else str(exc)
-                advice = (
-                    " (under a read lease: only a failing disk or an outwaited lease does this)"
-                    if self.lease is not None
-                    else "; a staged load never leaves a model like this"
-                )
-                raise PartialLoadError(
-                    f"the model was partially updated: {done} of {total} tensors"
-                    f" had been overwritten when the in-place load failed ({reason}). Load a"
-                    f" complete file again or restore the model{advice}",
-                    actual=done,
-                    expected=total,
-                    path=getattr(exc, "path", None) or getattr(exc, "filename", None),
-                ) from exc
+                raise partial_load(exc, done, total, self.lease is not None) from exc
 
 
 def plan_in_place(

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...codec.errors import CheckpointError, FileChangedError, PartialLoadError
 from ...codec.fileio.leases import ReadLease, leased
 from ...codec.fileio.mapped import FileMapping, mapped
 from ...codec.fileio.source import FileStamp, open_regular, open_source
@@ -29,7 +28,7 @@ from ...codec.safetensors import Header, TensorEntry
 from ..commit.plans import Plan, committing, overwrite
 from .entry_staging import stage_entries
 from .float32_bulk import bump_versions
-from .state_tensors import NamedTensors
+from .state_tensors import NamedTensors, lease_outwaited, partial_load
 from .tensor_files import read_entry
 
 __all__ = ["open_leased", "plan_in_place", "reopened", "same_in_file"]
@@ -182,23 +181,10 @@ class _LeasedPlan(Plan):
                 bump_versions(self.live)
                 if not self.lease.intact():
                     touched = len(self.live)
-                    raise FileChangedError(
-                        "a writer waited for the file longer than the kernel's lease-break"
-                        " time during the load, which may have let it change the file",
-                        field="lease",
-                    )
+                    raise lease_outwaited()
             except Exception as exc:
                 done = touched + len(self.pairs)
                 if not done:
                     raise  # refused before the first write: the model is unchanged
                 total = len(self.live) + len(self.pairs)
-                reason = exc.reason if isinstance(exc, CheckpointError) else str(exc)
-                raise PartialLoadError(
-                    f"the model was partially updated: {done} of {total} tensors had been"
-                    f" overwritten when the load failed ({reason}). Load a complete file"
-                    " again or restore the model (under a read lease: only a failing disk or"
-                    " an outwaited lease does this)",
-                    actual=done,
-                    expected=total,
-                    path=getattr(exc, "path", None) or getattr(exc, "filename", None),
-                ) from exc
+                raise partial_load(exc, done, total, leased=True) from exc

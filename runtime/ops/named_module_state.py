@@ -9,10 +9,12 @@ module read each other's files.
 
 Loading is planned, then committed (:mod:`.plans`): the header is checked whole; each model
 name is matched to a file tensor (its own, or the kept name its metadata entry points to);
-dtypes and shapes must be equal (no silent conversion); every needed tensor is read into
-fresh memory in one pass in file order (:mod:`.entry_staging`), then moved to the live
-tensor's device; only then are all values copied in, with Ctrl-C
-held back. A file tensor feeding names the live model ties must not disagree with another.
+dtypes and shapes must be equal (no silent conversion); under a read lease the payloads
+are then read straight into the live tensors by the commit (:mod:`.named_in_place`), else
+every needed tensor is read into fresh memory in one pass in file order
+(:mod:`.entry_staging`), then moved to the live tensor's device; only then are all values
+copied in, with Ctrl-C held back. A file tensor feeding names the live model ties must not
+disagree with another.
 """
 
 from __future__ import annotations

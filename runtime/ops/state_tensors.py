@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...codec.errors import CheckpointError, ConfigError, SchemaMismatchError
+from ...codec.errors import (
+    CheckpointError,
+    ConfigError,
+    FileChangedError,
+    PartialLoadError,
+    SchemaMismatchError,
+)
 from ..binding.dtensors import fingerprint, local_tensor, spec_of
 from ..binding.slots import named_tensors, view_key
 from ..binding.tensors import encoding_of, file_dtype_of, from_file_dtype
@@ -39,6 +45,8 @@ __all__ = [
     "tied_copies",
     "written",
     "tie_conflict",
+    "lease_outwaited",
+    "partial_load",
     "Arrival",
     "layout_of",
     "state_plan",
@@ -171,6 +179,34 @@ def written(named: NamedTensors, copies: dict[int, int]) -> list[int]:
     if not copies:
         return list(range(len(named)))
     return [i for i in range(len(named)) if i not in copies]
+
+
+def lease_outwaited() -> FileChangedError:
+    """The error of a leased load after whose copy the lease cannot be vouched for."""
+    return FileChangedError(
+        "a writer waited for the file longer than the kernel's lease-break time during the"
+        " load, which may have let it change the file",
+        field="lease",
+    )
+
+
+def partial_load(exc: BaseException, done: int, total: int, leased: bool) -> PartialLoadError:
+    """The error of an in-place load that failed with ``exc`` after it had overwritten
+    ``done`` of ``total`` live tensors."""
+    reason = exc.reason if isinstance(exc, CheckpointError) else str(exc)
+    advice = (
+        " (under a read lease: only a failing disk or an outwaited lease does this)"
+        if leased
+        else "; a staged load never leaves a model like this"
+    )
+    return PartialLoadError(
+        f"the model was partially updated: {done} of {total} tensors had been overwritten"
+        f" when the in-place load failed ({reason}). Load a complete file again or restore"
+        f" the model{advice}",
+        actual=done,
+        expected=total,
+        path=getattr(exc, "path", None) or getattr(exc, "filename", None),
+    )
 
 
 def tie_conflict(named: NamedTensors, i: int, j: int) -> SchemaMismatchError:
