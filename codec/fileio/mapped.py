@@ -15,13 +15,17 @@ fails. Neither can happen to a chunk copied here:
 
 * the file is leased (:mod:`.leases`): nobody can truncate it until the lease is released,
   or until a writer has waited ``fs.lease-break-time`` (45 s by default; leases are not taken
-  under 2 s). Each chunk is copied from the mapping only while the lease is unbroken; once a
-  writer asks, the rest is read with ``preadv`` (which meets a shrunk file as a short read).
-  So a chunk of at most :data:`~.transfer.CHUNK_BYTES` would have to take the whole break
-  time for the kernel to let the writer through under it;
-* its pages are resident (``mincore`` just before), so the copy reads no disk.
+  under 2 s). Each window (:data:`~.transfer.MAPPED_WINDOW`) is copied from the mapping only
+  while the lease is unbroken; once a writer asks, the rest is read with ``preadv`` (which
+  meets a shrunk file as a short read). So the copy of one window would have to take the
+  whole break time for the kernel to let the writer through under it;
+* every page of a window is mapped in by ``MADV_POPULATE_READ`` right before the copy, which
+  reports a page it cannot read as an error (the chunk is then read instead). A page another
+  thread has meanwhile dropped from the page tables is mapped again from the page cache.
 
-The mapping spans the file's size when the load checked it: payloads lie inside it.
+A chunk is taken from the mapping only where the page in its middle is in memory
+(``mincore``): cold chunks are read, ``preadv`` fetching from the disk faster than page
+faults. The mapping spans the file's size when the load checked it: payloads lie inside it.
 """
 
 from __future__ import annotations
