@@ -243,8 +243,20 @@ def _check_folder(
     return check
 
 
-def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bool) -> dict:
-    """Run the trials in ``folder``; return the figures (see the module docstring)."""
+def run(
+    trials: int,
+    size_mb: float,
+    folder: Path,
+    rng: random.Random,
+    quiet: bool,
+    min_killed: int = 0,
+) -> dict:
+    """Run the trials in ``folder``; return the figures (see the module docstring).
+
+    With ``min_killed``, trials go on past ``trials`` (up to three times as many more) while
+    fewer kills than that have landed mid-save: on a busy machine the first saves, which
+    aim the kills, can take longer than the later ones, and a short run then proves nothing
+    about a kill (``extra_trials`` in the figures)."""
     import torch
 
     from tlckpt.codec.fileio.atomic import is_library_temporary
@@ -259,7 +271,12 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     totals = Totals()
     killed = 0
     calibration = 2  # one trial of each kind is never killed
-    for trial in range(trials + calibration):
+    trial = -1
+    while True:
+        trial += 1
+        planned = trial < trials + calibration
+        if not planned and (killed >= min_killed or trial >= calibration + 4 * trials):
+            break
         step = trial + 1
         blocking = trial % 2 == 0
         newest = committed_steps(folder)
@@ -297,6 +314,7 @@ def run(trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bo
     return {
         "trials_killed": killed,
         "trials": trials,
+        "extra_trials": trial - trials - calibration,
         "size_mb": size_mb,
         "save_seconds_median": {
             ("sync" if k else "async"): sorted(v)[len(v) // 2] for k, v in durations.items()
@@ -455,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument(
+        "--min-killed",
+        type=int,
+        default=0,
+        help="SIGKILL mode: go on past --trials (up to 3x more) until this many kills landed",
+    )
+    parser.add_argument(
         "--exit-background",
         action="store_true",
         help="children start a background save, then the process ends (see above)",
@@ -467,8 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="tlckpt-set-crash-", dir=args.dir) as tmp:
         start = time.monotonic()
-        trials = run_exit if args.exit_background else run
-        report = trials(args.trials, args.size_mb, Path(tmp), rng, args.quiet)
+        if args.exit_background:
+            report = run_exit(args.trials, args.size_mb, Path(tmp), rng, args.quiet)
+        else:
+            report = run(args.trials, args.size_mb, Path(tmp), rng, args.quiet, args.min_killed)
         report["seconds"] = round(time.monotonic() - start, 1)
     print(json.dumps(report, indent=1))
     if args.exit_background:

@@ -28,9 +28,11 @@ def _campaign(tmp_path: Path, *flags: str, trials: int, timeout: int) -> dict:
 
 
 def test_sigkill_during_set_saves_never_damages_or_loses_a_set(tmp_path: Path) -> None:
-    report = _campaign(tmp_path, trials=8, timeout=240)
+    """8 trials, and more (up to 24) while fewer than 2 kills landed mid-save: on a busy
+    machine the calibration saves can aim every kill past the end of the save."""
+    report = _campaign(tmp_path, "--min-killed", "2", trials=8, timeout=400)
     assert report["trials_killed"] >= 2, report
-    assert report["restores_checked"] == 10, report
+    assert report["restores_checked"] == 10 + report["extra_trials"], report
 
 
 def test_background_saves_ended_by_process_exit_commit_or_say_so(tmp_path: Path) -> None:
