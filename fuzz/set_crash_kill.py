@@ -244,19 +244,10 @@ def _check_folder(
 
 
 def run(
-    trials: int,
-    size_mb: float,
-    folder: Path,
-    rng: random.Random,
-    quiet: bool,
-    min_killed: int = 0,
+    trials: int, size_mb: float, folder: Path, rng: random.Random, quiet: bool, min_killed: int = 0
 ) -> dict:
-    """Run the trials in ``folder``; return the figures (see the module docstring).
-
-    With ``min_killed``, trials go on past ``trials`` (up to three times as many more) while
-    fewer kills than that have landed mid-save: on a busy machine the first saves, which
-    aim the kills, can take longer than the later ones, and a short run then proves nothing
-    about a kill (``extra_trials`` in the figures)."""
+    """Run the trials in ``folder``; return the figures (see the module docstring), going on
+    (up to 3x more, ``extra_trials``) while fewer than ``min_killed`` kills landed mid-save."""
     import torch
 
     from tlckpt.codec.fileio.atomic import is_library_temporary
@@ -272,11 +263,9 @@ def run(
     killed = 0
     calibration = 2  # one trial of each kind is never killed
     trial = -1
-    while True:
-        trial += 1
-        planned = trial < trials + calibration
-        if not planned and (killed >= min_killed or trial >= calibration + 4 * trials):
-            break
+    while (trial := trial + 1) < trials + calibration or (
+        killed < min_killed and trial < calibration + 4 * trials
+    ):
         step = trial + 1
         blocking = trial % 2 == 0
         newest = committed_steps(folder)
@@ -472,17 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--quiet", action="store_true")
-    parser.add_argument(
-        "--min-killed",
-        type=int,
-        default=0,
-        help="SIGKILL mode: go on past --trials (up to 3x more) until this many kills landed",
-    )
-    parser.add_argument(
-        "--exit-background",
-        action="store_true",
-        help="children start a background save, then the process ends (see above)",
-    )
+    parser.add_argument("--min-killed", type=int, default=0)  # SIGKILL mode: see run()
     parser.add_argument("--exit-child", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.exit_child is not None:
