@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="working folder (default: a temporary one)")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--min-killed", type=int, default=0)  # SIGKILL mode: see run()
+    parser.add_argument("--exit-background", action="store_true", help="see above")
     parser.add_argument("--exit-child", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.exit_child is not None:
