@@ -50,6 +50,9 @@ LEASE_FILE = ".tlckpt-lease"
 #: How long a lease lives without being rewritten (seconds). A killed save's objects are
 #: removed by the first save that commits this long after it died.
 LEASE_SECONDS = 60.0
+#: The coarsest clock a store dates objects by (S3's ``Last-Modified`` is to the second):
+#: a lease is alive this much longer, so that truncated dates never judge it dead early.
+CLOCK_RESOLUTION = 1.0
 #: The most bytes of a lease read (it is a short JSON document).
 _LEASE_BYTES = 4096
 #: An overwrite's intent, beside the set: ``step-<20 digits>.overwrite`` (an object at the
@@ -144,7 +147,8 @@ def lease_alive(store: Store, now: float | None) -> bool:
     before ``now`` (the store's clock; ``None``: the store's clock is taken from a probe
     object written next to it). A missing lease is dead; one whose time the store does not
     say is taken as alive (never removed: a weaker store keeps leftovers rather than
-    removing a live save's objects)."""
+    removing a live save's objects). Both dates may be truncated to the store's clock
+    resolution, so the lease counts as alive :data:`CLOCK_RESOLUTION` longer."""
     try:
         info = store.info(LEASE_FILE)
         modified = store.modified(LEASE_FILE)
@@ -166,7 +170,7 @@ def lease_alive(store: Store, now: float | None) -> bool:
             store.delete([probe])
         if now is None:
             return True
-    return modified + seconds >= now
+    return modified + seconds + CLOCK_RESOLUTION >= now
 
 
 def clean_orphans(root: Store, now: float | None, keep: str | None = None) -> list[str]:

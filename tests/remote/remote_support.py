@@ -4,12 +4,14 @@ object and incomplete upload under a root, and a memory filesystem that fails on
 from __future__ import annotations
 
 import errno
+import time
 from typing import Any, ClassVar
 
 import fsspec
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
+from tlckpt.codec.sets.remote_leases import lease_alive
 from tlckpt.codec.sets.remote_store import open_store
 from tlckpt.testing.bitwise import modules_equal, optimizer_states_equal
 from tlckpt.testing.models import TiedNet, make_adam, train
@@ -37,6 +39,21 @@ def resumes_exactly(saved: tuple[Any, Any], restored: tuple[Any, Any], counter: 
     train(saved[0], saved[1], counter, 2)
     train(restored[0], restored[1], counter, 2)
     assert modules_equal(saved[0], restored[0]) == []
+
+
+def outlive_lease(
+    url: str, seconds: float, storage_options: dict[str, Any] | None = None, limit: float = 60.0
+) -> None:
+    """Wait until the lease on the set prefix ``url`` (a killed save's) is dead by the
+    store's own clock, as the next manager judges it: its duration has passed since its
+    last write (S3 dates objects to the second, and a renewal in flight when the save was
+    killed may still land), so a fixed sleep would race it."""
+    store = open_store(url, storage_options)
+    time.sleep(max(0.0, seconds))
+    deadline = time.monotonic() + limit
+    while lease_alive(store, None):
+        assert time.monotonic() < deadline, f"the lease on {url} outlived {limit} s"
+        time.sleep(0.2)
 
 
 def objects(url: str, storage_options: dict[str, Any] | None = None) -> list[str]:

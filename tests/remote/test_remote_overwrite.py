@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from remote_support import fresh, objects, trained
+from remote_support import fresh, objects, outlive_lease, trained
 
 from tlckpt import CheckpointError, CheckpointManager, load_checkpoint
 from tlckpt.codec.sets.remote_overwrite import roll_forward
@@ -94,13 +94,14 @@ def _overwrite_killed(url: str, point: str, options: dict | None = None) -> tupl
 def test_a_killed_overwrite_keeps_the_old_set_or_the_new(point: str) -> None:
     url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
     old, new = _overwrite_killed(url, point)
+    started = time.monotonic()
     # At once (the dead save's lease still alive): step 1 is the old set or the new one
     # whole, or it is passed over; never a manifest naming other bytes.
     now = CheckpointManager(url, lease_seconds=LEASE)
     if now.latest() == 1:
         restored = _restore(now)
         assert _same(old, restored) or _same(new, restored)
-    time.sleep(LEASE * 1.2)
+    outlive_lease(f"{url}/{STEP_1}", LEASE - (time.monotonic() - started))
     later = CheckpointManager(url, lease_seconds=LEASE)  # rolls forward
     assert later.steps() == [1]
     assert later.latest() == 1
@@ -116,7 +117,7 @@ def test_a_killed_overwrite_keeps_the_old_set_or_the_new(point: str) -> None:
 def test_a_killed_roll_forward_is_finished_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
     _, new = _overwrite_killed(url, "after_intent")
-    time.sleep(LEASE * 1.2)
+    outlive_lease(f"{url}/{STEP_1}", LEASE)
     with pytest.MonkeyPatch.context() as patch:
         _arm(patch, "mid_copy")
         with pytest.raises(Killed):
@@ -129,7 +130,7 @@ def test_a_killed_roll_forward_is_finished_by_the_next(monkeypatch: pytest.Monke
 def test_a_plain_save_of_a_step_being_overwritten_is_refused_after_rolling_forward() -> None:
     url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
     _, new = _overwrite_killed(url, "mid_copy")
-    time.sleep(LEASE * 1.2)
+    outlive_lease(f"{url}/{STEP_1}", LEASE)
     writer = RemoteSetWriter(f"{url}/{STEP_1}", 1, lease_seconds=LEASE)
     with pytest.raises(FileExistsError):
         writer.__enter__()
@@ -154,7 +155,7 @@ def test_a_killed_overwrite_on_s3_rolls_forward(s3) -> None:
     url = s3.root(f"overwrite-{uuid.uuid4().hex[:8]}")
     options = s3.storage_options
     _, new = _overwrite_killed(url, "mid_copy", options)
-    time.sleep(LEASE * 1.2)
+    outlive_lease(f"{url}/{STEP_1}", LEASE, options)
     manager = CheckpointManager(url, lease_seconds=LEASE, storage_options=options)
     assert manager.latest() == 1
     assert _same(new, _restore(manager))
@@ -163,7 +164,7 @@ def test_a_killed_overwrite_on_s3_rolls_forward(s3) -> None:
 def test_load_checkpoint_of_the_set_url_rolls_forward() -> None:
     url = f"memory://overwrite-{uuid.uuid4().hex[:8]}"
     _, new = _overwrite_killed(url, "before_manifest")
-    time.sleep(LEASE * 1.2)
+    outlive_lease(f"{url}/{STEP_1}", LEASE)
     restored = fresh()
     load_checkpoint(f"{url}/{STEP_1}", model=restored[0], optimizer=restored[1])
     assert _same(new, restored)

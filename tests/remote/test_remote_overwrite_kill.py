@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from remote_support import objects
+from remote_support import objects, outlive_lease
 
 from tlckpt import CheckpointManager
 
@@ -83,7 +83,7 @@ def test_sigkill_during_s3_overwrites_keeps_a_whole_set(s3) -> None:
         delay = took * (trial + 0.5) / TRIALS
         new, _ = _overwrite(url, options, 100 + trial, delay)
         # The killed save's lease runs out (S3 dates objects to the second).
-        time.sleep(LEASE + 1.5)
+        outlive_lease(f"{url}/step-00000000000000000001", LEASE, options)
         manager = CheckpointManager(url, storage_options=options, lease_seconds=LEASE)
         assert manager.latest() == 1, f"trial {trial} ({delay:.2f} s): {objects(url, options)}"
         model = torch.nn.Linear(512, 2048)
