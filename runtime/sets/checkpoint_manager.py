@@ -55,7 +55,12 @@ from .remote_sets import remote_set_url, restore_remote, restore_remote_latest, 
 from .set_restoring import Restored, Targets, restore_latest, restore_set
 from .set_structure import MODEL_FORMATS
 from .set_writing import SetSource, snapshot_source
-from .sharded_background import new_saving_group, retain_on_writer, sharded_background
+from .sharded_background import (
+    SavingGroup,
+    new_saving_group,
+    retain_on_writer,
+    sharded_background,
+)
 from .snapshot import Snapshotter
 from .writer_threads import SaveHandle, finished, start_writer
 
@@ -134,7 +139,7 @@ class CheckpointManager:
         self._snapshotter = Snapshotter()
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
-        self._group: Any = None  # a sharded background save's process group, made once
+        self._group: SavingGroup | None = None  # sharded background saves' group, made once
 
     # ------------------------------------------------------------------ saving
 
@@ -257,10 +262,10 @@ class CheckpointManager:
                 f" object storage ({self.directory})",
                 path=str(self.directory),
             )
-        if self._group is None:  # on the calling thread, every rank alike
+        if self._group is None or self._group.pg is None:  # on the calling thread, every rank
             self._group = new_saving_group()
         return sharded_background(
-            target, step, source, snapshot, overwrite, self._key, self._group, self._retain
+            target, step, source, snapshot, overwrite, self._key, self._group.pg, self._retain
         )
 
     def _after_commit(self, step: int, source: Any) -> None:

@@ -12,21 +12,61 @@ copies included) is raised by every rank's handle, and nothing is committed.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .set_writing import SetSource, write_set
+from .writer_threads import after_writers_at_exit
 
-__all__ = ["new_saving_group", "sharded_background", "retain_on_writer"]
+__all__ = ["SavingGroup", "new_saving_group", "sharded_background", "retain_on_writer"]
 
 
-def new_saving_group() -> Any:
+class SavingGroup:
+    """A manager's saving process group (``pg``), destroyed and let go at exit once the
+    writers have ended (:func:`_release_at_exit`).
+
+    Why: while anything holds a gloo group, its C++ worker threads live on, and one that
+    drops the last reference to a tensor with a Python object during the interpreter's
+    finalization takes the GIL there, which aborts the process ("terminate called without
+    an active exception", SIGABRT) — even after ``dist.destroy_process_group()``, which
+    unregisters the group but cannot free what the manager still holds.
+    """
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+
+
+#: The saving groups alive (weakly: a manager let go frees its group as before).
+_groups: weakref.WeakSet[SavingGroup] = weakref.WeakSet()
+
+
+def new_saving_group() -> SavingGroup:
     """Collective: the process group of a manager's sharded background saves (see
-    :func:`~..placement.collectives.group.new_saving_group`)."""
+    :func:`~..placement.collectives.group.new_saving_group`), released at exit."""
     from ..placement.collectives import new_saving_group as make
 
-    return make()
+    group = SavingGroup(make())
+    _groups.add(group)
+    after_writers_at_exit(_release_at_exit)
+    return group
+
+
+def _release_at_exit() -> None:
+    """Destroy every saving group still registered and drop the last references, so that
+    their worker threads are joined now, on this thread, while the interpreter is whole."""
+    import torch.distributed as dist
+
+    for group in list(_groups):
+        pg, group.pg = group.pg, None
+        if pg is None:
+            continue
+        if dist.is_initialized():  # else the trainer destroyed every group already
+            with contextlib.suppress(ValueError, RuntimeError):  # destroyed on its own
+                dist.destroy_process_group(pg)
+        del pg  # the last reference: ~ProcessGroupGloo joins its threads here
 
 
 def retain_on_writer(step: int, group: Any, retain: Callable[[int], None]) -> None:

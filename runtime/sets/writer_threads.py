@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-__all__ = ["SaveHandle", "WRITER_NICENESS", "finished", "start_writer"]
+__all__ = ["SaveHandle", "WRITER_NICENESS", "finished", "start_writer", "after_writers_at_exit"]
 
 #: How much the background writer thread lowers its scheduling priority (Linux ``nice``
 #: steps, per thread). Measured on two busy cores (``bench/sets.py``), a training loop kept
@@ -136,6 +136,21 @@ def _report_at_exit() -> None:
         for thread in threading.enumerate():
             if thread.name.startswith(_WRITER_NAME) and thread is not threading.current_thread():
                 thread.join()
+    for release in _after_writers:
+        with contextlib.suppress(Exception):  # at exit: nothing left to tell of it
+            release()
+
+
+#: Run by the exit hook once every writer has ended, in the order registered.
+_after_writers: list[Callable[[], None]] = []
+
+
+def after_writers_at_exit(release: Callable[[], None]) -> None:
+    """Have ``release()`` run at exit once every background writer has ended (while the
+    interpreter is whole, before it finalizes): for what the writers used until their end,
+    such as a process group of their own. Registered once per function."""
+    if release not in _after_writers:
+        _after_writers.append(release)
 
 
 def _say(line: str) -> None:

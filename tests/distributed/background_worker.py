@@ -32,7 +32,7 @@ from tlckpt.codec.sets.set_digests import DigestingWriter
 from tlckpt.runtime.binding.dtensors import local_tensor
 from tlckpt.runtime.placement import positional, sharded_placement
 from tlckpt.runtime.placement.sharded_io import ENV, last_sharded_io
-from tlckpt.runtime.sets import set_restoring
+from tlckpt.runtime.sets import set_restoring, writer_threads
 from tlckpt.testing.models import TiedNet, make_adam, train
 
 RANK = int(os.environ["RANK"])
@@ -251,6 +251,38 @@ def restore_by_path(mesh: Any) -> dict[str, Any]:
         "raised": raised,
         "damaged": damaged,
         "unchanged": differences(snapshot(fresh, fresh_opt), before) == [],
+    }
+
+
+def native_threads() -> int:
+    """This process's threads, C++ ones included (gloo's workers)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@check
+def saving_group_released(mesh: Any) -> dict[str, Any]:
+    """What the interpreter runs at exit (``writer_threads._report_at_exit``) destroys the
+    manager's saving group and lets it go once the writers ended: its gloo worker threads
+    are joined then, not left to the interpreter's finalization (where one taking the GIL
+    aborts the process). A later background save makes a group again and commits."""
+    model, opt = model_on(mesh, seed=11)
+    train(model, opt, 0, 1, device=DEVICE)
+    manager = tlckpt.CheckpointManager(WORKDIR / f"released-w{WORLD}")
+    before = native_threads()
+    manager.save(1, model=model, optimizer=opt, blocking=False).wait()
+    pg = manager._group.pg
+    during = native_threads()
+    registered = pg in dist.distributed_c10d._world.pg_map
+    del pg
+    writer_threads._report_at_exit()
+    after = native_threads()
+    released = manager._group.pg is None
+    manager.save(2, model=model, optimizer=opt, blocking=False).wait()
+    return {
+        "registered": registered,
+        "released": released,
+        "threads": [before, during, after],
+        "steps": manager.steps(),
     }
 
 

@@ -21,7 +21,13 @@ from sharded_support import K, launch
 pytestmark = pytest.mark.distributed
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ["background_saves", "background_through_rank0", "background_failures", "restore_by_path"]
+CHECKS = [
+    "background_saves",
+    "background_through_rank0",
+    "background_failures",
+    "restore_by_path",
+    "saving_group_released",
+]
 
 
 def _run(workdir: Path, world: int, device: str) -> list[dict[str, Any]]:
@@ -98,6 +104,15 @@ def test_a_sharded_restore_reads_by_path_and_refuses_damaged_or_replaced_members
         assert outcome["route"] == "parallel" and outcome["exact"] == []
         assert outcome["raised"] == "FileChangedError" and outcome["unchanged"], outcome
         assert outcome["damaged"] == "IntegrityError", outcome
+
+
+def test_the_saving_group_is_destroyed_and_its_threads_joined_at_exit(cpu_world):
+    for r in cpu_world:
+        outcome = r["saving_group_released"]
+        assert outcome["registered"] and outcome["released"], outcome
+        before, during, after = outcome["threads"]
+        assert during > before and after < during, outcome  # gloo's workers came and went
+        assert outcome["steps"] == [1, 2], outcome
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
