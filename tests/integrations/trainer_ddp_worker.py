@@ -76,10 +76,17 @@ def run(output_dir: Path, stop: bool = False, resume: bool = False) -> str:
 
 
 def main(root: Path, report: Path) -> None:
-    straight = run(root / "a")
-    run(root / "b", stop=True)
-    resumed = run(root / "b", resume=True)
-    report.write_text(json.dumps({"straight": straight, "resumed": resumed}))
+    try:
+        straight = run(root / "a")
+        run(root / "b", stop=True)
+        resumed = run(root / "b", resume=True)
+        report.write_text(json.dumps({"straight": straight, "resumed": resumed}))
+    finally:
+        # The Trainer's process group, destroyed as torch asks of every program: left to the
+        # interpreter's finalization, a gloo worker thread taking the GIL there aborts the
+        # process ("terminate called without an active exception").
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
