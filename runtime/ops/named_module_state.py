@@ -153,22 +153,30 @@ def plan_named_load(
                 if name in sources:
                     check_fits(name, live, header, sources[name])
             stamp = src.stamp
-            staged = None if opened else stage_entries(src, header, sources.values())
-        written = _untied(named, sources, header, staged, opened, stamp)
-        if opened is not None:
-            plan = named_in_place.plan_in_place(named, written, header, opened, stamp, stack)
-            if plan is not None:
-                return plan, missing, unexpected
-            with named_in_place.reopened(opened[0], stamp) as src:  # memory overlaps: stage
-                staged = stage_entries(src, header, written.values())
-    assert staged is not None
+            if opened is None:
+                staged = stage_entries(src, header, sources.values())
+                written = _untied(named, sources, header, staged, None, stamp)
+                return _staged_plan(named, written, staged), missing, unexpected
+        written = _untied(named, sources, header, None, opened, stamp)
+        plan = named_in_place.plan_in_place(named, written, header, opened, stamp, stack)
+        if plan is not None:
+            return plan, missing, unexpected
+        with named_in_place.reopened(opened[0], stamp) as src:  # memory overlaps: stage
+            staged = stage_entries(src, header, written.values())
+    return _staged_plan(named, written, staged), missing, unexpected
+
+
+def _staged_plan(
+    named: NamedTensors, written: dict[str, str], staged: dict[str, torch.Tensor]
+) -> StatePlan:
+    """The plan that copies each staged value into its live tensor."""
     # Copied into the live tensors, never by giving them the staged storages: code that holds
     # a parameter's memory (DDP's reducer, CUDA graphs, pinned views) must see the new
     # values where the old ones were — a load that swapped storages broke a DDP resume.
     pairs = [
         (live, _to_device(staged[written[name]], live)) for name, live in named if name in written
     ]
-    return StatePlan(pairs), missing, unexpected
+    return StatePlan(pairs)
 
 
 def _untied(
