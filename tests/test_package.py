@@ -41,6 +41,27 @@ def test_codec_import_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_single_process_model_use_does_not_import_dtensor() -> None:
+    # ``torch.distributed.tensor`` brings sympy (~0.6 s at first use): imported only where a
+    # DTensor exists, never by a single process's model saves, loads and sets (serving
+    # loads a model alone; torch's own optimizer step imports it for training anyway).
+    code = (
+        "import sys, tempfile, torch, tlckpt\n"
+        "d = tempfile.mkdtemp()\n"
+        "model = torch.nn.Linear(4, 3)\n"
+        "for name in ('m.tlsf32', 'm.safetensors'):\n"
+        "    tlckpt.save_module_state(model, d + '/' + name)\n"
+        "    tlckpt.load_module_state(model, d + '/' + name)\n"
+        "manager = tlckpt.CheckpointManager(d + '/sets')\n"
+        "manager.save(1, model=model)\n"
+        "manager.save(2, model=model, blocking=False).wait()\n"
+        "manager.restore(model=model)\n"
+        "print(sorted(m for m in ('torch.distributed.tensor', 'sympy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_import_on_a_non_posix_platform_says_which_are_supported() -> None:
     # The package is found first (the import machinery itself needs the real os.name for
     # its paths), then executed as on Windows.

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from ....codec.errors import CheckpointError
 from ...binding.dtensors import is_dtensor, local_tensor
@@ -139,6 +138,8 @@ def _full_tensor(t: torch.Tensor) -> torch.Tensor:
         stride = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
             stride[d] = stride[d + 1] * shape[d + 1]
+        from torch.distributed.tensor import DTensor  # a DTensor: imported already
+
         words = DTensor.from_local(
             local, t.device_mesh, t.placements, run_check=False, shape=shape, stride=tuple(stride)
         )

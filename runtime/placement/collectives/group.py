@@ -8,6 +8,10 @@ Collectives run over the default process group, unless this thread has bound ano
 over a group of its own (made with ``dist.new_group`` on the main thread, over every rank
 in rank order, so that group ranks are global ranks), never over the trainer's group, whose
 collectives the training thread is issuing meanwhile.
+
+``torch.distributed.tensor`` is imported by the functions that meet a DTensor, never at
+module level: importing it costs ~0.6 s (it brings ``sympy``), which a process that never
+makes a DTensor would pay at its first save or load.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Shard
 
 from ....codec.errors import CheckpointError, SchemaMismatchError
 from ...binding.dtensors import is_dtensor, local_tensor
@@ -118,6 +121,8 @@ def row_shards(t: torch.Tensor) -> list[tuple[int, int]] | None:
     """Each rank's rows ``[lo, hi)`` of a DTensor sharded by rows over a one-dimensional
     mesh of all ranks in rank order (``Shard(0)``: ``torch.chunk`` rows, the last ranks
     possibly empty); ``None`` for any other layout."""
+    from torch.distributed.tensor import Shard  # imported where used: see the module docstring
+
     mesh = t.device_mesh
     placements = t.placements
     if (

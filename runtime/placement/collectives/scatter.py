@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import distribute_tensor
 
 from ....codec.errors import CheckpointError, SchemaMismatchError
 from ...binding.dtensors import is_dtensor, local_tensor
@@ -122,6 +121,8 @@ def _part_of(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """This rank's fresh copy of its part of ``full`` for the destination ``like``."""
     if not is_dtensor(like):
         return full.to(like.device, copy=True)
+    from torch.distributed.tensor import distribute_tensor  # a DTensor: imported already
+
     mesh = like.device_mesh
     # src_data_rank=None: every rank has the full value already; no second transfer.
     placed = distribute_tensor(full.to(mesh.device_type), mesh, like.placements, src_data_rank=None)
