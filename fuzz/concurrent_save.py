@@ -23,6 +23,7 @@ import hashlib
 import io
 import multiprocessing as mp
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,14 @@ def _writer(conn: Any, index: int, dest: str, size_mb: float) -> None:
             error = None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        conn.send((start, time.monotonic(), error))
+        end = time.monotonic()
+        # A save over a large file frees the old one on a thread after returning (its second
+        # name a locked temporary until then): wait for it, so that the round's listing
+        # sees what the saves leave for good.
+        for thread in threading.enumerate():
+            if thread.name == "tlckpt-release":
+                thread.join()
+        conn.send((start, end, error))
 
 
 def _reader(conn: Any, dest: str, known: set[str]) -> None:

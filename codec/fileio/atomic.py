@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .retired import Retired, retire
 from .source import PathOrFile
 
 __all__ = [
@@ -399,22 +400,33 @@ def commit_temporary(temporary: Temporary, *, durable: bool = True) -> None:
             the folder's ``fsync``, the new file is in place but its rename may not be
             durable yet.
     """
+    folder = os.path.dirname(temporary.dest)
+    retired: Retired | None = None
     try:
         if durable:
             os.fsync(temporary.fd)
+        # A large old file keeps a second name until after the commit, so that freeing it
+        # is not part of the rename (:mod:`.retired`).
+        second = os.path.join(folder, temporary_name(temporary_prefix(temporary.dest)))
+        retired = retire(temporary.dest, second)
         # Still locked: the temporary never exists unlocked under its name.
         os.replace(temporary.path, temporary.dest)
     except BaseException as exc:
+        if retired is not None:
+            retired.release(wait=True)  # the old file keeps its own name: nothing is freed
         discard_temporary(temporary, exc)
         raise
-    os.close(temporary.fd)
-    folder = os.path.dirname(temporary.dest)
-    if durable:
-        try:
-            _fsync_dir(folder)
-        except OSError as exc:  # the new file is in place; its rename may not be durable yet
-            _name_destination(exc, temporary.dest)
-            raise
+    try:
+        os.close(temporary.fd)
+        if durable:
+            try:
+                _fsync_dir(folder)
+            except OSError as exc:  # the new file is in place; its rename may not be durable
+                _name_destination(exc, temporary.dest)
+                raise
+    finally:
+        if retired is not None:
+            retired.release()
     # Housekeeping only: the save itself has succeeded, whatever the folder says now.
     with contextlib.suppress(OSError):
         _stale_in(folder, temporary_prefix(temporary.dest))
