@@ -391,9 +391,10 @@ def discard_temporary(temporary: Temporary, exc: BaseException | None = None) ->
 
 
 def commit_temporary(temporary: Temporary, *, durable: bool = True) -> None:
-    """The complete temporary becomes its destination: ``fsync`` (if ``durable``), rename
-    while still locked, close, ``fsync`` the folder, and remove stale temporaries of the
-    destination. A failure before the rename discards the temporary (the old file stays).
+    """The complete temporary becomes its destination: ``fsync`` (if ``durable``), remove
+    stale temporaries of the destination, rename while still locked, close, ``fsync`` the
+    folder; a large old file is freed on a thread afterwards (:mod:`.retired`). A failure
+    before the rename discards the temporary (the old file stays).
 
     Raises:
         OSError: naming the destination; before the rename, the old file is untouched; from
@@ -405,10 +406,15 @@ def commit_temporary(temporary: Temporary, *, durable: bool = True) -> None:
     try:
         if durable:
             os.fsync(temporary.fd)
+        prefix = temporary_prefix(temporary.dest)
+        # Housekeeping (a listing): stale temporaries of the destination, killed saves'.
+        # Before the old file is locked below: a killed save's second name of that same file
+        # (:mod:`.retired`) would look alive while the lock is held.
+        with contextlib.suppress(OSError):
+            _stale_in(folder, prefix)
         # A large old file keeps a second name until after the commit, so that freeing it
-        # is not part of the rename (:mod:`.retired`).
-        second = os.path.join(folder, temporary_name(temporary_prefix(temporary.dest)))
-        retired = retire(temporary.dest, second)
+        # is not part of the rename.
+        retired = retire(temporary.dest, os.path.join(folder, temporary_name(prefix)))
         # Still locked: the temporary never exists unlocked under its name.
         os.replace(temporary.path, temporary.dest)
     except BaseException as exc:
@@ -427,9 +433,6 @@ def commit_temporary(temporary: Temporary, *, durable: bool = True) -> None:
     finally:
         if retired is not None:
             retired.release()
-    # Housekeeping only: the save itself has succeeded, whatever the folder says now.
-    with contextlib.suppress(OSError):
-        _stale_in(folder, temporary_prefix(temporary.dest))
 
 
 @contextlib.contextmanager
@@ -437,7 +440,7 @@ def atomic_output(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
     """Yield a binary file; on clean exit it atomically becomes ``path``.
 
     The new file gets the mode a plain ``open()`` would give it under the current umask, or
-    the mode of the file it replaces. After the rename, stale temporaries of ``path`` left by
+    the mode of the file it replaces. At the commit, stale temporaries of ``path`` left by
     killed saves are removed (see :func:`clean_temporaries`).
 
     Args:
