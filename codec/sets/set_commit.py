@@ -154,17 +154,29 @@ class SetWriter(MemberLedger):
             yield writer
         self.members[role] = WrittenMember(file, family, version, writer)
 
-    def adopt(self, role: str, file: str, version: int = 0, family: str | None = None) -> None:
+    def adopt(
+        self,
+        role: str,
+        file: str,
+        version: int = 0,
+        family: str | None = None,
+        fd: int | None = None,
+    ) -> None:
         """Record member ``file``, which other code (every rank of a sharded save, in
-        parallel) wrote and made durable in the temporary folder: its bytes are read back
-        once and digested as :meth:`member` would have digested them.
+        parallel) wrote in the temporary folder: its bytes are read back once and digested
+        as :meth:`member` would have digested them.
+
+        Args:
+            fd: the member's bytes open for reading (its temporary's, opened before its
+                rename: the bytes must be final), closed here; default: ``file`` is opened.
 
         Raises:
             OSError: the file cannot be read.
         """
-        digesting = DigestingWriter(_Discarded(), self.key)
-        fd = os.open(os.path.join(self.path, file), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        if fd is None:
+            fd = os.open(os.path.join(self.path, file), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
+            digesting = DigestingWriter(_Discarded(), self.key)
             digesting.absorb(fd)
         finally:
             os.close(fd)

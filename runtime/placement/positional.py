@@ -23,7 +23,9 @@ create_temporary`: the atomic writes' naming and lock, so that a killed save's l
 cleaned as any other), sizes it and writes the headers; verdict; every rank opens the
 temporary by name, writes its pieces and ``fsync`` s them; verdict (a failure anywhere: rank
 0 removes the temporary, the previous file untouched, every rank raises the same error);
-rank 0 renames it over the destination and ``fsync`` s the folder; verdict.
+rank 0 renames it over the destination and ``fsync`` s the folder; verdict. Within
+:func:`when_written` (a set's members), a verdict after the writes hands rank 0 the
+temporary's path while the ranks ``fsync``: its digest is read back meanwhile.
 
 A load (:func:`read_pieces`): every rank has validated the file itself (the headers are small
 reads) and reads its own pieces into fresh memory; the file is checked not to have changed
@@ -33,8 +35,10 @@ commit, as on every other path.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -60,7 +64,25 @@ __all__ = [
     "unsupported",
     "save_pieces",
     "read_pieces",
+    "when_written",
 ]
+
+_written: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "tlckpt_written", default=None
+)
+
+
+@contextlib.contextmanager
+def when_written(hook: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, :func:`save_pieces` calls ``hook(path)`` on rank 0 with the
+    temporary's path once every rank's bytes are in it, before the ranks' ``fsync`` s (one
+    verdict more): the bytes are final, and reading them back overlaps the syncs. Must be
+    entered on every rank alike; ``hook`` must not raise."""
+    token = _written.set(hook)
+    try:
+        yield
+    finally:
+        _written.reset(token)
 
 
 @dataclass(frozen=True)
@@ -226,6 +248,7 @@ def save_pieces(
         share_verdict(error)
         name = broadcast_json(None if temporary is None else os.path.basename(temporary.path))
         error = None
+        written = _written.get()
         fd: int | None = None
         try:
             folder = os.path.dirname(os.path.abspath(os.fsdecode(path)))
@@ -235,10 +258,18 @@ def save_pieces(
                 if piece.owner and piece.run:
                     array = encode(i, local_tensor(t))
                     _write_piece(fd, array, piece, offsets[i])
-            if temporary is None:
-                _fsync(fd)  # rank 0's own writes are synced by the commit
         except Exception as exc:
             error = exc
+        try:
+            if written is not None:  # on every rank alike (see when_written)
+                share_verdict(error)  # every rank's bytes are in the file (or all raise)
+                if temporary is not None:
+                    written(temporary.path)
+            if error is None and fd is not None and temporary is None:
+                try:
+                    _fsync(fd)  # rank 0's own writes are synced by the commit
+                except Exception as exc:
+                    error = exc
         finally:
             if fd is not None and temporary is None:
                 os.close(fd)

@@ -7,6 +7,7 @@ snapshot of them) and :func:`write_set`, through the operations a restore reads 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -38,6 +39,7 @@ from ..ops.state_tensors import require_module, state_tensors
 from ..placement.choice import placement_for
 from ..placement.local_placement import LOCAL
 from ..placement.placement_protocol import Placement
+from ..placement.positional import when_written
 from . import training_state
 from .snapshot import Snapshot
 
@@ -133,6 +135,7 @@ def _write_members(
     source: SetSource,
     target: Path,
     deferred: list[BaseException] | None = None,
+    early_digest: bool = False,
 ) -> None:
     """Every member through the save operations, over the placement of the model.
 
@@ -143,16 +146,36 @@ def _write_members(
     and makes it durable; then rank 0 (``writer``; ``None`` on the other ranks) reads it back
     once to digest it. A failure of rank 0's outside the operations (which end agreed) is
     appended to ``deferred`` for the caller's verdict, never raised here, where the other
-    ranks could not follow it out of the collectives.
+    ranks could not follow it out of the collectives. With ``early_digest`` (agreed by every
+    rank: :func:`_one_page_cache`), a member written in parallel is read back as soon as
+    every rank's bytes are in it, while the ranks sync it.
     """
     placement: Placement = placement_for(source.model)
     digesting: list[threading.Thread] = []
 
-    def adopt(role: str, file: str, version: int, family: str | None) -> None:
+    def adopt(role: str, file: str, version: int, family: str | None, fd: int | None) -> None:
         try:
-            writer.adopt(role, file, version, family)  # type: ignore[union-attr]
+            writer.adopt(role, file, version, family, fd)  # type: ignore[union-attr]
         except Exception as exc:
             deferred.append(exc)  # type: ignore[union-attr]
+
+    def digest(role: str, file: str, version: int, family: str | None, at: str | None) -> None:
+        """Rank 0: read the member back (from ``at``, its temporary, whose bytes are final)
+        and digest it on a thread, while the ranks sync it or write the next member."""
+        fd = None
+        if at is not None:
+            try:  # opened before the rename that follows: the same bytes under either name
+                fd = os.open(at, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError as exc:
+                deferred.append(exc)  # type: ignore[union-attr]
+                return
+        thread = threading.Thread(target=adopt, args=(role, file, version, family, fd))
+        try:
+            thread.start()
+        except RuntimeError:  # no new threads at interpreter shutdown: digested here
+            adopt(role, file, version, family, fd)
+            return
+        digesting.append(thread)
 
     @contextlib.contextmanager
     def destination(role: str, file: str, version: int = 0, family: str | None = None) -> Any:
@@ -160,11 +183,16 @@ def _write_members(
             with writer.member(role, file, version, family) as f:  # type: ignore[union-attr]
                 yield f
             return
-        yield target / file
-        if writer is not None:  # read back and digested while the next member is written
-            thread = threading.Thread(target=adopt, args=(role, file, version, family))
-            thread.start()
-            digesting.append(thread)
+        started: list[str] = []
+
+        def written(at: str) -> None:  # inside the parallel save, on rank 0
+            started.append(at)
+            digest(role, file, version, family, at)
+
+        with when_written(written) if early_digest else contextlib.nullcontext():
+            yield target / file  # (every rank alike: the parallel save's extra verdict)
+        if writer is not None and not started:  # through rank 0: read back once committed
+            digest(role, file, version, family, None)
 
     if source.structure is not None:  # the safetensors layout, by the same parallel path
         with destination(
@@ -311,8 +339,9 @@ def _write_sharded(
         share_verdict(error)
         target = Path(broadcast_json(writer.path if writer is not None else None))
         deferred: list[BaseException] = []
+        early = _one_page_cache(target)
         with one_probe():  # the members share the temporary folder: one probe
-            _write_members(writer, source, target, deferred)  # collectives: every rank
+            _write_members(writer, source, target, deferred, early)  # collectives: every rank
         share_verdict(deferred[0] if deferred else None)  # every rank's part is written
         error = None
         final = Path(path)
@@ -323,3 +352,20 @@ def _write_sharded(
                 error = exc
         share_verdict(error)
         return final
+
+
+def _one_page_cache(folder: Path) -> bool:
+    """Collective: whether every rank reaches ``folder`` through one kernel (the same boot)
+    and one mount of its file system (the same device number): then one page cache holds
+    every rank's writes, and rank 0 may read a member back before the others have synced
+    it. Ranks on several machines over a shared file system see each other's writes only
+    once synced (NFS: close-to-open), so there rank 0 reads back after the sync."""
+    from ..placement.collectives import all_agree
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+        device = os.stat(folder).st_dev
+    except OSError:  # not Linux, or the folder unseen: read back after the sync
+        return all_agree(False)
+    return all_agree(bool(boot), hashlib.sha256(boot + b"/%d" % device).digest())

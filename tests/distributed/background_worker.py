@@ -28,11 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sharded_support import K, N, differences, run_checks, snapshot
 
 import tlckpt
+from tlckpt.codec.sets.set_commit import SetWriter
 from tlckpt.codec.sets.set_digests import DigestingWriter
 from tlckpt.runtime.binding.dtensors import local_tensor
 from tlckpt.runtime.placement import positional, sharded_placement
+from tlckpt.runtime.placement.collectives import all_agree
 from tlckpt.runtime.placement.sharded_io import ENV, last_sharded_io
-from tlckpt.runtime.sets import set_restoring, writer_threads
+from tlckpt.runtime.sets import set_restoring, set_writing, writer_threads
 from tlckpt.testing.models import TiedNet, make_adam, train
 
 RANK = int(os.environ["RANK"])
@@ -252,6 +254,41 @@ def restore_by_path(mesh: Any) -> dict[str, Any]:
         "damaged": damaged,
         "unchanged": differences(snapshot(fresh, fresh_opt), before) == [],
     }
+
+
+@check
+def digest_before_the_sync(mesh: Any) -> dict[str, Any]:
+    """On one machine (one page cache), rank 0 reads each member written in parallel back
+    from its temporary as soon as every rank's bytes are in it, while the ranks sync it;
+    where the ranks might not share a page cache (several machines), after the sync. Both
+    sets' digests verify and restore the values exactly."""
+    model, opt = model_on(mesh, seed=13)
+    train(model, opt, 0, 1, device=DEVICE)
+    expected = snapshot(model, opt)
+    adopted: list[list[Any]] = []
+    real = SetWriter.adopt
+
+    def spy(self: Any, role: str, file: str, version: int = 0, family: Any = None, fd: Any = None):
+        adopted.append([role, fd is not None])
+        return real(self, role, file, version, family, fd)
+
+    original = set_writing._one_page_cache
+    SetWriter.adopt = spy
+    try:
+        tlckpt.CheckpointManager(WORKDIR / f"early-w{WORLD}").save(1, model=model, optimizer=opt)
+        set_writing._one_page_cache = lambda folder: all_agree(False)
+        tlckpt.CheckpointManager(WORKDIR / f"late-w{WORLD}").save(1, model=model, optimizer=opt)
+    finally:
+        SetWriter.adopt = real
+        set_writing._one_page_cache = original
+    exact = []
+    for name in ("early", "late"):
+        fresh, fresh_opt = model_on(mesh, seed=99)
+        tlckpt.CheckpointManager(WORKDIR / f"{name}-w{WORLD}").restore(
+            model=fresh, optimizer=fresh_opt
+        )
+        exact.append(differences(snapshot(fresh, fresh_opt), expected))
+    return {"adopted": adopted, "exact": exact}
 
 
 def native_threads() -> int:

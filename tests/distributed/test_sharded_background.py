@@ -27,6 +27,7 @@ CHECKS = [
     "background_failures",
     "restore_by_path",
     "saving_group_released",
+    "digest_before_the_sync",
 ]
 
 
@@ -113,6 +114,16 @@ def test_the_saving_group_is_destroyed_and_its_threads_joined_at_exit(cpu_world)
         before, during, after = outcome["threads"]
         assert during > before and after < during, outcome  # gloo's workers came and went
         assert outcome["steps"] == [1, 2], outcome
+
+
+def test_members_are_digested_before_the_sync_on_one_machine_only(cpu_world):
+    early = [["model", True], ["optimizer", True]]
+    late = [["model", False], ["optimizer", False]]
+    assert cpu_world[0]["digest_before_the_sync"]["adopted"] == early + late
+    for r in cpu_world:
+        assert r["digest_before_the_sync"]["exact"] == [[], []]
+        if r is not cpu_world[0]:
+            assert r["digest_before_the_sync"]["adopted"] == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
