@@ -23,7 +23,6 @@ import hashlib
 import io
 import multiprocessing as mp
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +65,8 @@ def _image(c: dict[str, Any], fmt: str) -> bytes:
 
 
 def _writer(conn: Any, index: int, dest: str, size_mb: float) -> None:
+    from tlckpt.codec.fileio.retired import wait_for_releases
+
     contents = _contents(index, size_mb)
     conn.send("ready")
     while True:
@@ -82,9 +83,7 @@ def _writer(conn: Any, index: int, dest: str, size_mb: float) -> None:
         # A save over a large file frees the old one on a thread after returning (its second
         # name a locked temporary until then): wait for it, so that the round's listing
         # sees what the saves leave for good.
-        for thread in threading.enumerate():
-            if thread.name == "tlckpt-release":
-                thread.join()
+        wait_for_releases()
         conn.send((start, end, error))
 
 

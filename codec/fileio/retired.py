@@ -26,11 +26,21 @@ import os
 import stat
 import threading
 
-__all__ = ["RETIRE_MIN_BYTES", "Retired", "retire"]
+__all__ = ["RETIRE_MIN_BYTES", "Retired", "retire", "wait_for_releases"]
 
 #: Old files from this size on are released on a thread (below it, freeing takes less time
 #: than the link, lock and thread cost: ~0.1-0.2 ms).
 RETIRE_MIN_BYTES = 16 << 20
+#: The release threads' name.
+_RELEASE_THREAD = "tlckpt-release"
+
+
+def wait_for_releases() -> None:
+    """Block until every old file this process is freeing is freed (its second name gone):
+    for a caller that lists the folder, or measures the disk, right after a save."""
+    for thread in threading.enumerate():
+        if thread.name == _RELEASE_THREAD and thread is not threading.current_thread():
+            thread.join()
 
 
 class Retired:
@@ -48,7 +58,7 @@ class Retired:
         """Drop the second name and the lock; on a thread of its own unless ``wait`` (or no
         thread can be started: at interpreter shutdown)."""
         if not wait:
-            thread = threading.Thread(target=self._drop, name="tlckpt-release", daemon=False)
+            thread = threading.Thread(target=self._drop, name=_RELEASE_THREAD, daemon=False)
             try:
                 thread.start()
                 return
@@ -69,30 +79,26 @@ def retire(dest: str, second: str) -> Retired | None:
     second name ``second`` (a temporary name of the same destination), locked as a live
     save's temporary is; ``None`` where it is smaller, absent, not a plain file, locked by
     someone, or cannot be linked. Never raises ``OSError``: the save then replaces it as
-    before."""
+    before.
+
+    Should another save replace ``dest`` between the open and the link, ``second`` names a
+    file whose name a save took (or is taking): freeing it later is right all the same. Only
+    the lock is then on another file, so a cleaner may remove ``second`` first, which the
+    release takes in its stride."""
     try:
         fd = os.open(dest, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # absent, a symbolic link, unreadable: replaced in the rename
         return None
+    retired = None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < RETIRE_MIN_BYTES:
-            os.close(fd)
-            return None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a cleaner must pass it over
-        os.link(dest, second, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_size >= RETIRE_MIN_BYTES:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a cleaner must pass it over
+            os.link(dest, second, follow_symlinks=False)
+            retired = Retired(second, fd)
     except OSError:  # locked by someone, no hard links here, a name taken: as before
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    retired = Retired(second, fd)
-    try:
-        now = os.stat(second, follow_symlinks=False)
-    except OSError:
-        now = None
-    if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-        retired.release(wait=True)  # ``dest`` was replaced meanwhile: hold nothing
-        return None
+        pass
+    finally:
+        if retired is None:
+            os.close(fd)
     return retired

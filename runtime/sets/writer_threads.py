@@ -137,8 +137,10 @@ def _report_at_exit() -> None:
             if thread.name.startswith(_WRITER_NAME) and thread is not threading.current_thread():
                 thread.join()
     for release in _after_writers:
-        with contextlib.suppress(Exception):  # at exit: nothing left to tell of it
+        try:
             release()
+        except Exception as exc:  # the process is ending: said, then the next one runs
+            _say(f"tlckpt: at exit, freeing the background saves' resources: {_one_line(exc)}")
 
 
 #: Run by the exit hook once every writer has ended, in the order registered.

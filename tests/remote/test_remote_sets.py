@@ -4,7 +4,6 @@ set that verifies is found past damaged ones; the manifest is never written over
 
 from __future__ import annotations
 
-import time
 import uuid
 import warnings
 
@@ -15,7 +14,7 @@ from remote_support import fresh, objects, resumes_exactly, trained, uploads
 from tlckpt import CheckpointManager, load_checkpoint, save_checkpoint, verify_checkpoint
 from tlckpt.codec.errors import CheckpointError, IntegrityError
 from tlckpt.codec.sets import remote_upload
-from tlckpt.codec.sets.remote_leases import CLOCK_RESOLUTION, Lease, lease_alive
+from tlckpt.codec.sets.remote_leases import CLOCK_RESOLUTION, LEASE_FILE, Lease, lease_alive
 from tlckpt.codec.sets.remote_store import open_store
 from tlckpt.codec.sets.set_folders import SkippedCheckpointWarning
 
@@ -164,11 +163,11 @@ def test_signed_sets_on_object_storage(s3) -> None:
 def test_a_lease_outlives_its_duration_by_the_store_clock_resolution() -> None:
     # S3 dates objects to the second: a lease judged by truncated dates alone could be
     # taken for dead up to a second before its duration has passed.
+    # Judged at given store times (``now``), so no sleep can race the verdicts.
     store = open_store(f"memory://lease-{uuid.uuid4().hex[:8]}/step-00000000000000000001")
     lease = Lease(store, 0.5)
     lease.take()
     lease._stop.set()  # no more renewals: the save was killed
-    time.sleep(0.8)
-    assert lease_alive(store, None)
-    time.sleep(CLOCK_RESOLUTION)
-    assert not lease_alive(store, None)
+    written = store.modified(LEASE_FILE)
+    assert lease_alive(store, written + 0.5 + 0.9 * CLOCK_RESOLUTION)
+    assert not lease_alive(store, written + 0.5 + 1.1 * CLOCK_RESOLUTION)

@@ -34,12 +34,6 @@ def _others(folder: Path, keep: str) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name != keep)
 
 
-def _join_releases() -> None:
-    for thread in threading.enumerate():
-        if thread.name == "tlckpt-release":
-            thread.join()
-
-
 def test_the_old_file_is_freed_on_a_thread_after_the_commit(tmp_path, monkeypatch) -> None:
     path = tmp_path / "model.tlsf32"
     _write(path, BIG, b"a")
@@ -61,7 +55,7 @@ def test_the_old_file_is_freed_on_a_thread_after_the_commit(tmp_path, monkeypatc
         assert os.fstat(old).st_nlink == 1
         assert clean_temporaries(path) == []  # a cleaner passes over the locked name
         gate.set()
-        _join_releases()
+        retired.wait_for_releases()
         assert os.fstat(old).st_nlink == 0  # no name left: freed once closed
         assert _others(tmp_path, path.name) == []
     finally:
@@ -106,7 +100,7 @@ def test_a_failed_rename_keeps_the_old_file_under_its_name_alone(tmp_path, monke
     with pytest.raises(OSError, match="injected"):
         _write(path, BIG, b"b")
     monkeypatch.undo()
-    _join_releases()
+    retired.wait_for_releases()
     assert _others(tmp_path, path.name) == []
     with open(path, "rb") as f:
         assert f.read(4) == b"aaaa"
@@ -129,7 +123,7 @@ def test_a_second_name_a_killed_process_left_is_removed_by_the_next_save(tmp_pat
     (second,) = _others(tmp_path, path.name)
     assert is_library_temporary(second)
     _write(path, BIG, b"b")
-    _join_releases()
+    retired.wait_for_releases()
     assert _others(tmp_path, path.name) == []
     with open(path, "rb") as f:
         assert f.read(4) == b"bbbb"
